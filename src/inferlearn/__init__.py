@@ -1,0 +1,12 @@
+"""inferlearn: training neural networks by inference learning.
+
+Lifted networks and contrastive learning, bilevel surrogates and Fenchel back-propagation, the
+family of energy-based rules (CHL, equilibrium propagation, predictive coding), and stochastic
+block-ADMM -- each a rule that fills ``.grad`` of a PyTorch model (or, for block-ADMM, a trainer).
+"""
+from .errors import ConvergenceError, ConvergenceWarning, DataError, DivergenceError, InferlearnError, InferlearnWarning
+
+__version__ = "0.1.0"
+
+__all__ = ["ConvergenceError", "ConvergenceWarning", "DataError", "DivergenceError", "InferlearnError",
+           "InferlearnWarning", "__version__"]

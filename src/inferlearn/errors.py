@@ -1,0 +1,28 @@
+"""Exceptions and warnings raised by inferlearn.
+
+Every error names what was wrong and how to fix it; tests run with our warnings turned into errors.
+"""
+
+
+class InferlearnError(Exception):
+    """Base class of inferlearn's own errors."""
+
+
+class DataError(InferlearnError):
+    """A dataset could not be found, downloaded or verified (missing, truncated or corrupt file)."""
+
+
+class DivergenceError(InferlearnError):
+    """Training produced a non-finite loss or non-finite weights."""
+
+
+class ConvergenceError(InferlearnError):
+    """An iterative solver did not reach the requested accuracy."""
+
+
+class InferlearnWarning(UserWarning):
+    """Base class of inferlearn's warnings (e.g. a solver stopped before its tolerance)."""
+
+
+class ConvergenceWarning(InferlearnWarning):
+    """An iterative solver stopped at its iteration limit before reaching its tolerance."""

@@ -1,0 +1,10 @@
+"""Learning rules. Importing this package registers every rule in :data:`RULES`.
+
+Each rule fills ``.grad`` and never steps (see :mod:`inferlearn.rules.base`).
+"""
+from .base import RULES, Rule, StepInfo, accumulate_grad, make_rule, register_rule, rule_options
+from .backprop import BackProp
+from .linear_regression import LinearRegression, least_squares_fit
+
+__all__ = ["RULES", "Rule", "StepInfo", "accumulate_grad", "make_rule", "register_rule", "rule_options",
+           "BackProp", "LinearRegression", "least_squares_fit"]

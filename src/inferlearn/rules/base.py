@@ -1,0 +1,162 @@
+"""The learning-rule contract: a rule fills ``p.grad`` of a model and never steps.
+
+Any ``torch.optim`` optimiser then applies the update, so schedulers, clipping and distributed
+all-reduce work unchanged, and back-propagation is just one more rule::
+
+    for x, labels in loader:
+        opt.zero_grad()
+        info = rule.backward(model, x, labels)
+        opt.step()
+
+Contract (checked for every registered rule by ``tests/test_rule_contract.py``):
+
+* after ``backward`` every trainable parameter has a finite ``.grad``;
+* parameter values are unchanged;
+* gradients *accumulate* into ``.grad`` (two calls give twice the gradient), like autograd;
+* the same inputs give the same gradients (determinism).
+
+Gradients are of batch-mean objectives, so learning rates do not depend on the batch size.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ..losses import check_labels
+
+
+@dataclass
+class StepInfo:
+    """What a rule reports for one mini-batch.
+
+    Attributes:
+        loss: the quadratic (or configured) loss of the forward pass on this batch (batch mean),
+            the same quantity for every rule so that runs compare.
+        output: the forward-pass output (batch, n_out), detached, for accuracy.
+        extras: rule-specific scalars (energies, solver iterations, residuals).
+    """
+
+    loss: float
+    output: torch.Tensor
+    extras: dict = dataclasses.field(default_factory=dict)
+
+
+def accumulate_grad(param: nn.Parameter, grad: torch.Tensor) -> None:
+    """Add ``grad`` to ``param.grad`` (creating it), as autograd does."""
+    grad = grad.detach().to(param.dtype)
+    if param.grad is None:
+        param.grad = grad.clone()
+    else:
+        param.grad.add_(grad)
+
+
+class Rule(abc.ABC):
+    """Abstract learning rule. Subclasses are dataclasses of hyper-parameters plus :meth:`_backward`.
+
+    Class attributes:
+        name: the registry / CLI name.
+    """
+
+    name: ClassVar[str] = ""
+
+    def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        """Validate the batch, then accumulate the rule's gradient into ``.grad`` of ``model``."""
+        if hasattr(model, "check_input"):
+            model.check_input(x)
+        elif not torch.isfinite(x).all():
+            raise ValueError("Input contains NaN or inf values")
+        n_out = getattr(model, "out_features", None)
+        if n_out is not None:
+            check_labels(labels, n_out, batch=x.shape[0])
+        return self._backward(model, x, labels)
+
+    @abc.abstractmethod
+    def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        """Compute and accumulate gradients for a validated batch."""
+
+    def lr_scale(self, epoch: int) -> float:
+        """Multiplier of the optimiser's learning rate in ``epoch`` (0-based); 1 by default."""
+        return 1.0
+
+    def adapt_sizes(self, sizes: list[int]) -> list[int]:
+        """Layer widths of the model this rule trains, given the requested ones (identity)."""
+        return list(sizes)
+
+
+RULES: dict[str, type[Rule]] = {}
+
+
+def register_rule(cls: type[Rule]) -> type[Rule]:
+    """Class decorator adding a rule to :data:`RULES` under ``cls.name``."""
+    if not cls.name:
+        raise TypeError(f"{cls.__name__} has no name")
+    if cls.name in RULES and RULES[cls.name] is not cls:
+        raise TypeError(f"Rule name {cls.name!r} already used by {RULES[cls.name].__name__}")
+    RULES[cls.name] = cls
+    return cls
+
+
+def _convert(value: str, typ, key: str, rule: str):
+    origin = typing.get_origin(typ)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value.lower() == "none" and len(args) < len(typing.get_args(typ)):
+            return None
+        typ = args[0]
+    try:
+        if typ is bool:
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if typ is float:
+            return float(eval(value, {"__builtins__": {}}, {})) if "/" in value else float(value)
+        return typ(value)
+    except (ValueError, TypeError, SyntaxError, ZeroDivisionError):
+        raise ValueError(f"Invalid value {value!r} for option {key!r} of rule {rule!r} (expected {typ.__name__})") from None
+
+
+def make_rule(name: str, options: dict | None = None) -> Rule:
+    """Build a registered rule from its name and options.
+
+    Options may be strings (from the command line, ``--rule-opt gamma=1/8``); they are converted to
+    the field's type. Unknown names and keys raise ``ValueError`` listing what is available.
+    """
+    if name not in RULES:
+        raise ValueError(f"Unknown rule {name!r}; choose one of {sorted(RULES)}")
+    cls = RULES[name]
+    options = dict(options or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    hints = typing.get_type_hints(cls) if fields else {}
+    kwargs = {}
+    for key, value in options.items():
+        if key not in fields:
+            raise ValueError(f"Unknown option {key!r} for rule {name!r}; known options: {sorted(fields) or 'none'}")
+        kwargs[key] = _convert(value, hints[key], key, name) if isinstance(value, str) else value
+    return cls(**kwargs)
+
+
+def rule_options(rule: Rule) -> dict:
+    """The hyper-parameters of a rule instance, JSON-serialisable (for ``config.json``)."""
+    if not dataclasses.is_dataclass(rule):
+        return {}
+    out = {}
+    for f in dataclasses.fields(rule):
+        v = getattr(rule, f.name)
+        out[f.name] = v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+    return out
+
+
+def check_positive(name: str, value: float, allow_zero: bool = False) -> None:
+    """Raise ``ValueError(f"Invalid {name}: {value}")`` unless ``value`` is finite and > 0 (or ≥ 0)."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"Invalid {name}: {value}")
