@@ -1,0 +1,40 @@
+"""The ``inferlearn`` command line. Each subcommand lives in ``inferlearn/commands/<name>.py`` and
+exposes ``register(subparsers)``; add new ones to :data:`COMMANDS`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import InferlearnError
+
+COMMANDS = [
+    "inferlearn.commands.train",
+    "inferlearn.commands.compare",
+    "inferlearn.commands.data",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferlearn", description="Train neural networks by inference learning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in COMMANDS:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (InferlearnError, ValueError) as exc:
+        print(f"inferlearn: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("inferlearn: interrupted; resume with --resume OUT_DIR", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

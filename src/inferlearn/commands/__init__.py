@@ -1,0 +1,1 @@
+"""Subcommands of the ``inferlearn`` CLI, one module each."""

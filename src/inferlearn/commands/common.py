@@ -1,0 +1,42 @@
+"""Options shared by the training subcommands (train, compare, reproduce)."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..config import TrainConfig
+from ..constraints import UNIT_SETS
+from ..data import DATASETS
+
+
+def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = TrainConfig()) -> None:
+    """Data, architecture, optimiser, seed, device and output options with ``defaults``."""
+    p.add_argument("--data", default=defaults.data, help=f"dataset: {', '.join(DATASETS)} (default %(default)s)")
+    p.add_argument("--arch", default=defaults.arch, help="layer widths, e.g. 784-64-64-64-10 (default %(default)s)")
+    p.add_argument("--act", default=defaults.act, help=f"hidden units: {', '.join(UNIT_SETS)} (default %(default)s)")
+    p.add_argument("--epochs", type=int, default=defaults.epochs)
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    p.add_argument("--optimizer", default=defaults.optimizer, choices=["sgd", "adam"])
+    p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate (default %(default)s)")
+    p.add_argument("--momentum", type=float, default=defaults.momentum)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in)")
+    p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
+    p.add_argument("--data-dir", default=None, help="folder searched first for dataset files")
+    p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
+    p.add_argument("--out", default=defaults.out, help="output folder (default %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def check_device(device: str) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"Device {device!r} requested but CUDA is not available; use --device cpu")
+
+
+def config_from_args(args, **overrides) -> TrainConfig:
+    check_device(args.device)
+    return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
+                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, seed=args.seed,
+                       init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
+                       limit_train=args.limit_train, **overrides)

@@ -1,0 +1,33 @@
+"""``inferlearn compare``: train several rules from the same initial weights, print one table."""
+from __future__ import annotations
+
+from ..compare import compare_rules, parse_rule_options
+from ..config import TrainConfig
+from ..rules import RULES
+from .common import add_training_options, config_from_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="train several rules side by side and write a comparison table and plot")
+    add_training_options(p, TrainConfig(out="runs/compare"))
+    p.add_argument("--rules", default="all", help=f"comma-separated rules or 'all' ({', '.join(sorted(RULES))})")
+    p.add_argument("--rule-opt", action="append", default=[], metavar="RULE.KEY=VALUE",
+                   help="per-rule hyper-parameter, repeatable (e.g. contrastive.gamma=1/8)")
+    p.add_argument("--rule-lr", action="append", default=[], metavar="RULE=LR", help="per-rule learning rate")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    rules = sorted(RULES) if args.rules == "all" else [r.strip() for r in args.rules.split(",") if r.strip()]
+    lrs = {}
+    for item in args.rule_lr:
+        rule, _, lr = item.partition("=")
+        if rule not in RULES:
+            raise ValueError(f"Unknown rule {rule!r} in --rule-lr; choose one of {sorted(RULES)}")
+        lrs[rule] = float(lr)
+    base = config_from_args(args)
+    compare_rules(base, rules, parse_rule_options(args.rule_opt), lrs, progress=not args.quiet,
+                  log=None if args.quiet else print)
+    print((__import__("pathlib").Path(base.out) / "comparison.md").read_text())
+    print(f"plots: {base.out}/curves.png")
+    return 0

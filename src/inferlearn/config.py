@@ -1,0 +1,90 @@
+"""Typed, validated training configuration (one frozen dataclass, JSON round-trip, loud on unknown keys)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from .constraints import get_units
+from .data.datasets import check_name
+from .losses import LOSSES
+from .models import parse_arch
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything needed to rerun a training run (written to ``config.json``).
+
+    Attributes:
+        data: data set name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``).
+        arch: architecture string ``784-64-64-64-10``; the first and last widths must match the data.
+        act: hidden unit type (``relu``, ``hard-sigmoid``, ``hard-tanh``, ``linear``).
+        rule: learning rule name (see ``inferlearn.rules.RULES``).
+        rule_options: the rule's hyper-parameters, as strings or values.
+        epochs, batch_size: training length and mini-batch size.
+        optimizer, lr, momentum: ``sgd`` or ``adam``; learning rate; SGD momentum.
+        seed: seeds the weights and the batch order; same seed and config give the same metrics on CPU.
+        init_scale: weights ``N(0, init_scale²/fan_in)``, biases 0.
+        device: ``cpu`` or ``cuda``.
+        out: output folder.
+        data_dir: a folder searched first for data files.
+        limit_train: use only the first N training samples (quick runs); ``None`` for all.
+        checkpoint_every: write a checkpoint every N epochs (and always after the last).
+    """
+
+    data: str = "digits"
+    arch: str = "64-32-32-10"
+    act: str = "relu"
+    rule: str = "backprop"
+    rule_options: dict = field(default_factory=dict)
+    epochs: int = 10
+    batch_size: int = 50
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    seed: int = 0
+    init_scale: float = 1.0
+    device: str = "cpu"
+    out: str = "runs/train"
+    data_dir: str | None = None
+    limit_train: int | None = None
+    checkpoint_every: int = 1
+
+    def __post_init__(self) -> None:
+        from .rules import RULES
+
+        check_name(self.data)
+        parse_arch(self.arch)
+        get_units(self.act)
+        if self.rule not in RULES:
+            raise ValueError(f"Unknown rule {self.rule!r}; choose one of {sorted(RULES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"Invalid learning rate: {self.lr}")
+        if not (0 <= self.momentum < 1):
+            raise ValueError(f"Invalid momentum: {self.momentum}")
+        for name in ("epochs", "batch_size", "checkpoint_every"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"Invalid {name}: {getattr(self, name)} (must be ≥ 1)")
+        if self.limit_train is not None and self.limit_train < 1:
+            raise ValueError(f"Invalid limit_train: {self.limit_train}")
+        if not self.device.startswith(("cpu", "cuda", "mps")):
+            raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """Build from a dict; an unknown key raises ``ValueError`` (a typo must not be ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"Unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,4 @@
+"""Datasets read from their original files: MNIST, Fashion-MNIST, CIFAR-10 (colour and grayscale), digits."""
+from .datasets import DATASETS, Dataset, describe, fetch, load_dataset, locate, search_roots
+
+__all__ = ["DATASETS", "Dataset", "describe", "fetch", "load_dataset", "locate", "search_roots"]

@@ -1,0 +1,177 @@
+"""One training loop for every rule: seeded, checkpointed, resumable, with progress bars.
+
+Read it top to bottom: build data, model, rule and optimiser from a :class:`TrainConfig`; for each
+epoch shuffle (seeded by ``(seed, epoch)`` so a resumed run sees the same batches), let the rule
+fill ``.grad``, step the optimiser, stop at once on a non-finite loss or weight, evaluate, append
+the metrics, write an atomic checkpoint and the learning-curve PNG.
+
+Output folder::
+
+    config.json      the TrainConfig (rerun with ``inferlearn train --config``, resume with ``--resume``)
+    metrics.jsonl    one JSON object per epoch
+    checkpoint.pt    model, optimiser, epoch and metric history (written atomically)
+    curves.png       learning curves
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .atomic import append_jsonl, save_torch, write_json, write_text
+from .config import TrainConfig
+from .data import Dataset, load_dataset
+from .diagnostics import active_fraction, evaluate
+from .errors import DivergenceError
+from .losses import quadratic_loss, one_hot
+from .models import MLP, format_arch, parse_arch
+from .plots import plot_curves
+from .rules import Rule, make_rule
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class Setup:
+    """The objects a run trains: data (on the device), model, rule and optimiser."""
+
+    data: Dataset
+    model: MLP
+    rule: Rule
+    optimizer: torch.optim.Optimizer
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+
+def build(config: TrainConfig) -> Setup:
+    """Load data and build model, rule and optimiser; checks that the architecture fits the data."""
+    data = load_dataset(config.data, config.data_dir)
+    sizes = parse_arch(config.arch)
+    if sizes[0] != data.n_features or sizes[-1] != data.n_classes:
+        raise ValueError(f"Architecture {config.arch} does not fit {data.name}: inputs have {data.n_features} features "
+                         f"and there are {data.n_classes} classes (e.g. {data.n_features}-64-{data.n_classes})")
+    rule = make_rule(config.rule, config.rule_options)
+    device = torch.device(config.device)
+    model = MLP(rule.adapt_sizes(sizes), config.act, seed=config.seed, init_scale=config.init_scale).to(device)
+    n = config.limit_train or data.train_x.shape[0]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
+    else:
+        opt = torch.optim.Adam(params, lr=config.lr)
+    return Setup(data, model, rule, opt, data.train_x[:n].to(device), data.train_y[:n].to(device),
+                 data.test_x.to(device), data.test_y.to(device))
+
+
+def batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of the training set in ``epoch``: a function of ``(seed, epoch)`` only."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+
+
+def _weights_finite(model: torch.nn.Module) -> bool:
+    # One reduction per parameter and one sync: a NaN/inf anywhere makes the total non-finite.
+    return bool(torch.isfinite(torch.stack([p.detach().sum() for p in model.parameters()]).sum()))
+
+
+def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, last_good: str = "none") -> float:
+    """Train one epoch (``epoch`` is 1-based). Returns the mean mini-batch loss.
+
+    Raises:
+        DivergenceError: on a non-finite loss, gradient or weight, naming the epoch and step.
+    """
+    s.model.train()
+    for group in s.optimizer.param_groups:
+        group["lr"] = config.lr * s.rule.lr_scale(epoch - 1)
+    order = batch_order(s.train_x.shape[0], config.seed, epoch).to(s.train_x.device)
+    steps = math.ceil(len(order) / config.batch_size)
+    total = 0.0
+    bar = tqdm(range(steps), desc=f"epoch {epoch}/{config.epochs} [{config.rule}]", leave=False, disable=not progress)
+    for step in bar:
+        idx = order[step * config.batch_size:(step + 1) * config.batch_size]
+        s.optimizer.zero_grad(set_to_none=True)
+        info = s.rule.backward(s.model, s.train_x[idx], s.train_y[idx])
+        if not math.isfinite(info.loss):
+            raise DivergenceError(f"Training diverged: non-finite loss {info.loss} at epoch {epoch}, step {step + 1} "
+                                  f"(rule {config.rule}, lr {config.lr}); last good checkpoint: {last_good}. "
+                                  "Try a smaller learning rate.")
+        s.optimizer.step()
+        if not _weights_finite(s.model):
+            raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch}, step {step + 1} "
+                                  f"(rule {config.rule}, lr {config.lr}); last good checkpoint: {last_good}. "
+                                  "Try a smaller learning rate.")
+        total += info.loss
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{info.loss:.4f}")
+    return total / steps
+
+
+@torch.no_grad()
+def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> dict:
+    """Full-data metrics after an epoch."""
+    s.model.eval()
+    out = torch.cat([s.model(s.train_x[i:i + 4096]) for i in range(0, s.train_x.shape[0], 4096)])
+    train_loss = float(quadratic_loss(out, one_hot(s.train_y, out.shape[1], out.dtype)))
+    return {"epoch": epoch, "train_loss": train_loss, "batch_loss": batch_loss,
+            "train_acc": float((out.argmax(1) == s.train_y).float().mean()),
+            "test_acc": evaluate(s.model, s.test_x, s.test_y),
+            "active_fraction": active_fraction(s.model, s.test_x),
+            "epoch_seconds": seconds}
+
+
+def _save_checkpoint(out: Path, s: Setup, epoch: int, history: list[dict]) -> None:
+    save_torch({"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
+                "history": history}, out / CHECKPOINT)
+
+
+def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=print) -> list[dict]:
+    """Train according to ``config``; returns the per-epoch metrics.
+
+    Args:
+        resume: continue from ``config.out/checkpoint.pt`` if present (epochs already done are skipped).
+        log: called with one line per epoch (``None`` for silence).
+    """
+    torch.manual_seed(config.seed)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    s = build(config)
+    history: list[dict] = []
+    start = 0
+    ckpt_path = out / CHECKPOINT
+    if resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, map_location=config.device, weights_only=False)
+        s.model.load_state_dict(ckpt["model"])
+        s.optimizer.load_state_dict(ckpt["optimizer"])
+        start, history = ckpt["epoch"], ckpt["history"]
+    write_json(config.to_dict() | {"model_sizes": format_arch(s.model.sizes)}, out / "config.json")
+    # metrics.jsonl is rebuilt from the checkpoint's history, so epochs that finished after the
+    # last checkpoint (and are re-run now) are never listed twice.
+    write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history), out / "metrics.jsonl")
+    for epoch in range(start + 1, config.epochs + 1):
+        t0 = time.perf_counter()
+        batch_loss = run_epoch(s, config, epoch, progress, last_good=str(ckpt_path) if history else "none")
+        seconds = time.perf_counter() - t0
+        record = epoch_metrics(s, epoch, batch_loss, seconds)
+        history.append(record)
+        append_jsonl(record, out / "metrics.jsonl")
+        if epoch % config.checkpoint_every == 0 or epoch == config.epochs:
+            _save_checkpoint(out, s, epoch, history)
+        if log:
+            log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  "
+                f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s")
+    if history:
+        plot_curves({config.rule: history}, out / "curves.png", title=f"{config.data} {config.arch} {config.act}")
+    return history
+
+
+def load_config(folder: str | Path) -> TrainConfig:
+    """Read ``config.json`` of a run folder."""
+    d = json.loads((Path(folder) / "config.json").read_text())
+    d.pop("model_sizes", None)
+    return TrainConfig.from_dict(d)
