@@ -145,6 +145,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=
     start = 0
     ckpt_path = out / CHECKPOINT
     if resume and ckpt_path.exists():
+        _check_same_run(out, config)
         ckpt = torch.load(ckpt_path, map_location=config.device, weights_only=False)
         s.model.load_state_dict(ckpt["model"])
         s.optimizer.load_state_dict(ckpt["optimizer"])
@@ -168,6 +169,18 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=
     if history:
         plot_curves({config.rule: history}, out / "curves.png", title=f"{config.data} {config.arch} {config.act}")
     return history
+
+
+def _check_same_run(out: Path, config: TrainConfig) -> None:
+    """Refuse to resume a folder that holds a run with different settings (only ``epochs`` may grow)."""
+    if not (out / "config.json").exists():
+        return
+    saved = load_config(out).to_dict()
+    current = config.to_dict()
+    diff = sorted(k for k in current if k not in ("epochs", "out", "device") and saved.get(k) != current[k])
+    if diff:
+        raise ValueError(f"{out} holds a run with different settings ({', '.join(diff)}); "
+                         "use another --out folder or delete it")
 
 
 def load_config(folder: str | Path) -> TrainConfig:

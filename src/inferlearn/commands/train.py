@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..compare import parse_rule_options
+from ..config import TrainConfig
 from ..rules import RULES
 from ..train import load_config, train
 from .common import add_training_options, check_device, config_from_args
@@ -14,18 +15,19 @@ def register(sub) -> None:
     p.add_argument("--rule-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="rule hyper-parameter, repeatable (e.g. --rule-opt gamma=1/8)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, epochs=None)
 
 
 def run(args) -> int:
     if args.resume:
         config = load_config(args.resume)
-        if args.epochs != config.epochs and args.epochs != 10:
+        if args.epochs is not None:  # resume and extend (or shorten) the run
             config = config.replace(epochs=args.epochs)
         check_device(config.device)
         config = config.replace(out=args.resume)
         resume = True
     else:
+        args.epochs = args.epochs or TrainConfig().epochs
         options = parse_rule_options([f"{args.rule}.{o}" for o in args.rule_opt]).get(args.rule, {})
         config = config_from_args(args, rule=args.rule, rule_options=options)
         resume = False
