@@ -1,0 +1,737 @@
+"""Stochastic block-ADMM: train a network split into blocks, with per-sample decoupling variables.
+
+Problem (MATH.md §C). Blocks ``f_1 … f_T`` (any ``nn.Module``; see :mod:`inferlearn.blocks`),
+decoupling variables ``Z_t`` (``t = 1 … T-1``) for every training sample, ``Z_0 = X``::
+
+    min J(f_T(Z_{T-1}), Y)   s.t.   Z_t = f_t(Z_{t-1}),   t = 1 … T-1
+    𝓛 = (1/N) Σ_i [ J(f_T(z_{T-1,i}), y_i) + Σ_{t<T} (β_t/2) ‖z_{t,i} − f_t(z_{t-1,i}) + u_{t,i}‖² ]
+
+**The last block has no ``Z_T``**: the loss is applied to ``f_T(Z_{T-1})`` directly. A ``Z_T`` with
+the constraint ``Z_T = f_T(Z_{T-1})`` would add ``N × n_out`` state and a loss on ``Z_T`` whose
+gradient reaches ``Θ_T`` only through a penalty, i.e. one more level of lag, for no gain; with our
+form ``T = 1`` is exactly plain training of the single block (tested).
+
+A DeepFacto :class:`~inferlearn.nmf.NMF` module may sit between two ordinary blocks as block ``t``;
+its decoupling variable ``Z_t`` is the score matrix ``S`` (input of block ``t+1``), its constraint is
+``Z_{t-1} = S Mᵀ`` with penalty ``β_t`` (the paper's ``γ``) and scaled multipliers ``U_t`` (``V``).
+
+**Algorithm 1 (batch)**, one outer iteration (= one epoch) ``k``::
+
+    repeat p_k times (primal steps; p_k = primal_steps + ⌊primal_growth · k⌋):
+        (1) one pass of mini-batches: each block's Θ_t takes an optimiser step on its own term of 𝓛
+            (back-propagation only inside the block); NMF bases M by NNLS on all samples
+        (2) for t = T-1 … 1, for all samples: Z_t ← Z_t − ζ_t ∇_{z_t} ℓ_i  (z_steps times), where ℓ_i
+            is the per-sample summand of 𝓛 (so ζ_t does not depend on N); Z_t feeding an NMF has the
+            closed-form minimiser, NMF scores S take a prox-linear NNLS step
+    (3) U_t ← U_t + Z_t − f_t(Z_{t-1})        (NMF: U_t ← U_t + Z_{t-1} − S Mᵀ)
+
+**Algorithm 2 (online)** (MATH.md §C, reconstructed), per mini-batch ``(x, y)`` (e.g. augmented):
+initialise ``z`` by a forward pass, take ``z_steps`` gradient steps (rate ζ_t, per sample) on
+``J + Σ_t (λ_t h_t + (ρ_t/2) h_t²)`` with ``h_t = mean_i ‖z_{t,i} − f_t(z_{t-1,i})‖²``, then
+``primal_steps`` Θ steps on the same objective, then ``λ_t ← λ_t + ρ_t h_t``. One scalar dual per
+block, so no per-sample memory.
+
+**Adaptive penalty** (after Shi et al. 2017): after the primal steps of iteration ``k`` let
+``h_k = sqrt(Σ_t mean_i ‖r_{t,i}‖²)`` be the constraint error. If ``h_k ≤ η_k = η_0 · η_decay^k``
+the duals are updated and β kept; otherwise the duals are kept and ``β ← min(c β, β_max)``. Since
+``U = λ/β`` is the *scaled* dual, keeping ``λ`` means ``U ← U / c``. With ``primal_growth > 0`` the
+primal sub-problem is solved more accurately as ``k`` grows, as the convergence result requires.
+
+References:
+    Khorram et al., "Stochastic Block-ADMM for Training Deep Networks" (seed 003): Eq. (3.1)-(3.2),
+    Algorithms 1 and 2, §3.3 (adaptive ρ after Shi et al. 2017), §3.4 (DeepFacto).
+
+Note:
+    All blocks' Θ-terms of one mini-batch are summed and back-propagated with one ``backward()``;
+    since the terms share no parameters and ``Z`` is detached, each block's gradient is exactly that
+    of its own term (one autograd call instead of ``T``, the same update). In the online variant
+    the ``z`` steps move all ``z_t`` jointly (one forward/backward per step) and the dual update
+    uses ``h_t`` measured before the Θ step (it comes free with that step's forward pass).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .atomic import append_jsonl, read_jsonl, save_torch, write_json, write_text
+from .errors import DivergenceError
+from .losses import one_hot
+from .nmf import NMF, nnls_gram
+
+MODES = ("batch", "online")
+LOSSES = ("cross-entropy", "quadratic", "mse")
+OPTIMIZERS = ("sgd", "adam")
+
+
+def _per_list(value, n: int, name: str) -> list[float]:
+    vals = list(value) if isinstance(value, (list, tuple)) else [value] * n
+    if len(vals) != n:
+        raise ValueError(f"Expected {n} values for {name} (one per constraint), got {len(vals)}")
+    out = []
+    for v in vals:
+        v = float(v)
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"Invalid {name}: {v}")
+        out.append(v)
+    return out
+
+
+@dataclass
+class ADMMConfig:
+    """Hyper-parameters of :class:`BlockADMM` (validated on construction).
+
+    Attributes:
+        mode: ``"batch"`` (Algorithm 1) or ``"online"`` (Algorithm 2).
+        batch_size: mini-batch size of the Θ updates.
+        optimizer, lr, momentum, weight_decay: the per-block ``torch.optim`` optimiser.
+        beta: penalty ``β_t`` (batch) or ``ρ_t`` (online), scalar or one per constraint ``t < T``.
+        zeta: step size ``ζ_t`` of the ``Z`` updates, scalar or one per constraint.
+        z_steps: gradient steps per ``Z`` update.
+        primal_steps: primal passes per outer iteration (batch) / Θ steps per mini-batch (online).
+        primal_growth: extra primal passes per iteration (batch: ``p_k = primal_steps + ⌊g k⌋``).
+        adaptive: use the adaptive penalty rule; ``eta0``, ``eta_decay``, ``penalty_growth`` (c),
+            ``beta_max`` parametrise it.
+        loss: ``cross-entropy``, ``quadratic`` (½‖out − onehot‖²) or ``mse`` (½‖out − y‖², regression).
+        chunk_size: samples per chunk in the full-data ``Z`` and dual passes.
+        nmf_sweeps: coordinate-descent sweeps per NNLS solve inside the iterations.
+        nmf_init_iters: alternating-NNLS iterations that fit each NMF module before training.
+        seed: seed of the mini-batch order (and online augmentation).
+    """
+
+    mode: str = "batch"
+    batch_size: int = 128
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    beta: float | list = 1.0
+    zeta: float | list = 0.5
+    z_steps: int = 1
+    primal_steps: int = 1
+    primal_growth: float = 0.0
+    adaptive: bool = False
+    eta0: float = 1.0
+    eta_decay: float = 0.9
+    penalty_growth: float = 2.0
+    beta_max: float = 1e4
+    loss: str = "cross-entropy"
+    chunk_size: int = 4096
+    nmf_sweeps: int = 10
+    nmf_init_iters: int = 30
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"Unknown mode {self.mode!r}; choose one of {list(MODES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"Unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+        if not (isinstance(self.loss, str) and self.loss in LOSSES) and not callable(self.loss):
+            raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)} or pass a callable")
+        for name in ("batch_size", "z_steps", "primal_steps", "chunk_size", "nmf_sweeps"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"Invalid {name}: {v}")
+        if not (isinstance(self.nmf_init_iters, int) and self.nmf_init_iters >= 0):
+            raise ValueError(f"Invalid nmf_init_iters: {self.nmf_init_iters}")
+        for name in ("lr", "eta0", "beta_max"):
+            v = float(getattr(self, name))
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"Invalid {name}: {v}")
+        for name in ("momentum", "weight_decay", "primal_growth"):
+            v = float(getattr(self, name))
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"Invalid {name}: {v}")
+        if not (0 < self.eta_decay <= 1):
+            raise ValueError(f"Invalid eta_decay: {self.eta_decay}")
+        if not (math.isfinite(self.penalty_growth) and self.penalty_growth > 1):
+            raise ValueError(f"Invalid penalty_growth: {self.penalty_growth} (must be > 1)")
+        # Scalars are checked here; per-constraint lists are checked against T in BlockADMM.
+        for name in ("beta", "zeta"):
+            vals = getattr(self, name)
+            _per_list(vals, len(vals) if isinstance(vals, (list, tuple)) else 1, name)
+
+
+def _loss_sum(loss, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of the per-sample loss (so gradients are per sample)."""
+    if callable(loss):
+        return loss(out, target) * out.shape[0]
+    if loss == "cross-entropy":
+        return F.cross_entropy(out, target.long(), reduction="sum")
+    if loss == "quadratic":
+        return 0.5 * (out - one_hot(target, out.shape[1], out.dtype)).pow(2).sum()
+    return 0.5 * (out - target.to(out.dtype)).pow(2).sum()
+
+
+def _sqnorm_rows(r: torch.Tensor) -> torch.Tensor:
+    return r.reshape(r.shape[0], -1).pow(2).sum(dim=1)
+
+
+class _Storage:
+    """Allocates per-sample state in RAM or as memory-mapped files (``np.memmap``) on disk."""
+
+    def __init__(self, memmap_dir: str | os.PathLike | None):
+        self.dir = Path(memmap_dir) if memmap_dir is not None else None
+        self._maps: list[np.memmap] = []
+
+    def alloc(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.dir is None:
+            return torch.zeros(shape, dtype=dtype)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        mm = np.memmap(self.dir / f"{name}.f{np_dtype.itemsize * 8}", dtype=np_dtype, mode="w+", shape=shape)
+        self._maps.append(mm)
+        return torch.from_numpy(mm)
+
+    def flush(self) -> None:
+        for mm in self._maps:
+            mm.flush()
+
+
+class BlockADMM:
+    """Stochastic block-ADMM trainer over blocks that are ordinary ``nn.Module``\\ s.
+
+    Args:
+        blocks: ``f_1 … f_T``; :class:`~inferlearn.nmf.NMF` modules may stand between ordinary blocks
+            (batch mode only).
+        config: :class:`ADMMConfig`.
+        memmap_dir: if given, ``Z`` and ``U`` of the batch mode are memory-mapped files in this folder.
+
+    Raises:
+        ValueError: bad penalties or step sizes, an NMF module first, last or next to another, NMF
+            modules in online mode.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], config: ADMMConfig | None = None,
+                 memmap_dir: str | os.PathLike | None = None):
+        self.blocks = list(blocks)
+        self.cfg = config or ADMMConfig()
+        T = len(self.blocks)
+        if T == 0:
+            raise ValueError("Need at least one block")
+        self.T = T
+        self.is_nmf = [isinstance(b, NMF) for b in self.blocks]
+        for t, nmf in enumerate(self.is_nmf):
+            if nmf and (t == 0 or t == T - 1):
+                raise ValueError(f"An NMF module cannot be the first or last block (it is block {t + 1} of {T}); "
+                                 f"place it between two ordinary blocks")
+            if nmf and self.is_nmf[t - 1]:
+                raise ValueError(f"Blocks {t} and {t + 1} are both NMF modules; put an ordinary block between them")
+        if any(self.is_nmf) and self.cfg.mode != "batch":
+            raise ValueError("NMF modules need mode='batch' (their basis update uses all samples)")
+        self.beta = _per_list(self.cfg.beta, T - 1, "beta") if T > 1 else []
+        self.zeta = _per_list(self.cfg.zeta, T - 1, "zeta") if T > 1 else []
+        self.lam = [0.0] * (T - 1)  # online scalar duals
+        self.optimizers = [self._make_optimizer(b) if not nmf else None for b, nmf in zip(self.blocks, self.is_nmf)]
+        self.generator = torch.Generator().manual_seed(self.cfg.seed)
+        self.storage = _Storage(memmap_dir)
+        self.Z: list[torch.Tensor] = []  # Z[t-1] = Z_t, t = 1 … T-1
+        self.U: list[torch.Tensor] = []
+        self.X: torch.Tensor | None = None
+        self.Y: torch.Tensor | None = None
+        self.iteration = 0  # completed outer iterations (epochs)
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ set-up
+    def _make_optimizer(self, block: nn.Module) -> torch.optim.Optimizer:
+        params = [p for p in block.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"Block {type(block).__name__} has no trainable parameters")
+        c = self.cfg
+        if c.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+        return torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay)
+
+    @property
+    def device(self) -> torch.device:
+        for b in self.blocks:
+            for p in b.parameters():
+                return p.device
+            for buf in b.buffers():
+                return buf.device
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        for b in self.blocks:
+            for p in b.parameters():
+                return p.dtype
+        return torch.get_default_dtype()
+
+    def _chunks(self, n: int):
+        cs = self.cfg.chunk_size
+        for a in range(0, n, cs):
+            yield a, min(a + cs, n)
+
+    def _get(self, t: int, sl) -> torch.Tensor:
+        """``Z_t`` of the samples ``sl`` on the compute device (``Z_0 = X``)."""
+        src = self.X if t == 0 else self.Z[t - 1]
+        return src[sl].to(self.device, self.dtype)
+
+    def _u(self, t: int, sl) -> torch.Tensor:
+        return self.U[t - 1][sl].to(self.device, self.dtype)
+
+    def _put(self, store: torch.Tensor, sl, value: torch.Tensor) -> None:
+        store[sl] = value.detach().to(store.device, store.dtype)
+
+    @torch.no_grad()
+    def init_state(self, X: torch.Tensor, Y: torch.Tensor) -> None:
+        """Batch mode: ``Z`` from a forward pass of all samples, ``U = 0``; NMF bases fitted to ``Z``.
+
+        The NMF warm start (alternating NNLS on the frozen previous block's output) follows the
+        paper's "pre-train the NMF module with the backbone frozen".
+        """
+        if X.shape[0] != Y.shape[0]:
+            raise ValueError(f"Got {X.shape[0]} inputs and {Y.shape[0]} targets")
+        self.X, self.Y = X, Y
+        N = X.shape[0]
+        self.Z, self.U = [], []
+        for t in range(1, self.T):
+            blk = self.blocks[t - 1]
+            if self.is_nmf[t - 1]:
+                prev = self.Z[t - 2]
+                flat = prev.reshape(N, -1).to(self.device, self.dtype)
+                S = blk.fit(flat, iters=self.cfg.nmf_init_iters, sweeps=self.cfg.nmf_sweeps)
+                Zt = self.storage.alloc(f"Z{t}", tuple(S.shape), self.dtype)
+                Zt.copy_(S.to(Zt))
+                Ut = self.storage.alloc(f"U{t}", tuple(prev.shape), self.dtype)
+            else:
+                first = blk(self._get(t - 1, slice(0, 1)))
+                Zt = self.storage.alloc(f"Z{t}", (N, *first.shape[1:]), self.dtype)
+                for a, b in self._chunks(N):
+                    self._put(Zt, slice(a, b), blk(self._get(t - 1, slice(a, b))))
+                Ut = self.storage.alloc(f"U{t}", tuple(Zt.shape), self.dtype)
+            self.Z.append(Zt)
+            self.U.append(Ut)
+        self.storage.flush()
+
+    def memory_bytes(self) -> dict:
+        """Bytes held by the per-sample state ``Z`` and ``U`` and where it lives."""
+        nbytes = sum(z.numel() * z.element_size() for z in self.Z + self.U)
+        return {"state_bytes": int(nbytes), "state_on_disk": self.storage.dir is not None}
+
+    # ------------------------------------------------------------------ block terms
+    def _constraint_residual(self, t: int, sl) -> torch.Tensor:
+        """``r_t`` of the samples ``sl``: ``Z_t − f_t(Z_{t-1})``, or ``Z_{t-1} − S Mᵀ`` for an NMF block."""
+        blk = self.blocks[t - 1]
+        if self.is_nmf[t - 1]:
+            prev = self._get(t - 1, sl)
+            return prev - (self._get(t, sl) @ blk.M.T).reshape(prev.shape)
+        return self._get(t, sl) - blk(self._get(t - 1, sl))
+
+    def _theta_loss(self, idx: torch.Tensor) -> torch.Tensor:
+        """Σ_t (block t's term of 𝓛 on the mini-batch ``idx``), batch mean; NMF blocks excluded."""
+        total = 0.0
+        for t in range(1, self.T + 1):
+            if self.is_nmf[t - 1]:
+                continue
+            blk = self.blocks[t - 1]
+            inp = self._get(t - 1, idx)
+            out = blk(inp)
+            if t == self.T:
+                total = total + _loss_sum(self.cfg.loss, out, self.Y[idx].to(out.device)) / len(idx)
+            else:
+                r = self._get(t, idx) - out + self._u(t, idx)
+                total = total + 0.5 * self.beta[t - 1] * _sqnorm_rows(r).mean()
+        return total
+
+    def _next_term_sum(self, t: int, z: torch.Tensor, sl) -> torch.Tensor:
+        """Σ over samples of the term of 𝓛 in which ``Z_t`` is the *input* (block ``t+1``'s term)."""
+        nxt = self.blocks[t]
+        out = nxt(z)
+        if t + 1 == self.T:
+            return _loss_sum(self.cfg.loss, out, self.Y[sl].to(out.device))
+        r = self._get(t + 1, sl) - out + self._u(t + 1, sl)
+        return 0.5 * self.beta[t] * _sqnorm_rows(r).sum()
+
+    # ------------------------------------------------------------------ batch updates
+    def _theta_pass(self) -> float:
+        N = self.X.shape[0]
+        perm = torch.randperm(N, generator=self.generator)
+        bs = self.cfg.batch_size
+        total, count = 0.0, 0
+        for a in range(0, N, bs):
+            idx = perm[a:a + bs]
+            for opt in self.optimizers:
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+            loss = self._theta_loss(idx)
+            if not torch.isfinite(loss):
+                raise DivergenceError(f"non-finite block loss {float(loss)} in mini-batch {a // bs}")
+            if loss.requires_grad:
+                loss.backward()
+                for opt in self.optimizers:
+                    if opt is not None:
+                        opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+        return total / max(count, 1)
+
+    @torch.no_grad()
+    def _nmf_basis_update(self) -> None:
+        for t in range(1, self.T):
+            if not self.is_nmf[t - 1]:
+                continue
+            blk = self.blocks[t - 1]
+            n = blk.n_features
+            G = torch.zeros(blk.rank, blk.rank, dtype=self.dtype, device=self.device)
+            C = torch.zeros(n, blk.rank, dtype=self.dtype, device=self.device)
+            for a, b in self._chunks(self.X.shape[0]):
+                S = self._get(t, slice(a, b))
+                target = (self._get(t - 1, slice(a, b)) + self._u(t, slice(a, b))).reshape(b - a, -1)
+                G += S.T @ S
+                C += target.T @ S
+            M, _ = nnls_gram(G, C, blk.M, max_sweeps=self.cfg.nmf_sweeps, tol=blk.tol)
+            blk.M.copy_(M)
+
+    def _z_update(self, t: int) -> None:
+        """Update ``Z_t`` for all samples on the two terms of 𝓛 that contain it."""
+        N = self.X.shape[0]
+        beta, zeta = self.beta[t - 1], self.zeta[t - 1]
+        blk = self.blocks[t - 1]
+        for a, b in self._chunks(N):
+            sl = slice(a, b)
+            if self.is_nmf[t]:
+                # Z_t feeds an NMF: both terms are quadratic, take the exact minimiser.
+                gamma = self.beta[t]
+                with torch.no_grad():
+                    F_t = blk(self._get(t - 1, sl))
+                    SM = (self._get(t + 1, sl) @ self.blocks[t].M.T).reshape(F_t.shape)
+                    z = (beta * (F_t - self._u(t, sl)) + gamma * (SM - self._u(t + 1, sl))) / (beta + gamma)
+                self._put(self.Z[t - 1], sl, z)
+            elif self.is_nmf[t - 1]:
+                self._put(self.Z[t - 1], sl, self._score_update(t, sl))
+            else:
+                with torch.no_grad():
+                    target = blk(self._get(t - 1, sl)) - self._u(t, sl)
+                z = self._get(t, sl)
+                for _ in range(self.cfg.z_steps):
+                    z = z.detach().requires_grad_(True)
+                    obj = 0.5 * beta * (z - target).pow(2).sum() + self._next_term_sum(t, z, sl)
+                    (g,) = torch.autograd.grad(obj, z)
+                    z = z - zeta * g
+                self._put(self.Z[t - 1], sl, z)
+
+    def _score_update(self, t: int, sl) -> torch.Tensor:
+        """NMF scores: prox-linear NNLS step ``S ← argmin_{S≥0} (γ/2)‖P + V − S Mᵀ‖² + ⟨g, S⟩ + ‖S − S⁰‖²/(2ζ)``.
+
+        ``g`` is the gradient of the next block's term at ``S⁰`` (the term that makes the scores
+        useful for the task); the problem is a strongly convex NNLS in Gram form.
+        """
+        blk = self.blocks[t - 1]
+        gamma, zeta = self.beta[t - 1], self.zeta[t - 1]
+        with torch.no_grad():
+            target = (self._get(t - 1, sl) + self._u(t, sl)).reshape(sl.stop - sl.start, -1)
+            MtM = blk.M.T @ blk.M
+            G = gamma * MtM + torch.eye(blk.rank, dtype=MtM.dtype, device=MtM.device) / zeta
+            base = gamma * target @ blk.M
+        S = self._get(t, sl)
+        for _ in range(self.cfg.z_steps):
+            s = S.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self._next_term_sum(t, s, sl), s)
+            with torch.no_grad():
+                S, _ = nnls_gram(G, base + S / zeta - g, S, max_sweeps=self.cfg.nmf_sweeps)
+        return S
+
+    @torch.no_grad()
+    def _dual_update(self) -> tuple[list[float], list[float]]:
+        """``U_t ← U_t + r_t`` (or, adaptively, ``β`` growth); returns RMS residuals before the update
+        and RMS sizes of ``Z_t`` (for relative residuals)."""
+        N = self.X.shape[0]
+        sq = [0.0] * (self.T - 1)
+        zsq = [0.0] * (self.T - 1)
+        for t in range(1, self.T):
+            for a, b in self._chunks(N):
+                r = self._constraint_residual(t, slice(a, b))
+                sq[t - 1] += float(_sqnorm_rows(r).sum())
+                zsq[t - 1] += float(_sqnorm_rows(self._get(t - 1 if self.is_nmf[t - 1] else t, slice(a, b))).sum())
+        res = [math.sqrt(s / N) for s in sq]
+        if not all(math.isfinite(r) for r in res):
+            raise DivergenceError(f"non-finite constraint residuals {res}")
+        k = self.iteration
+        grow = self.cfg.adaptive and math.sqrt(sum(s / N for s in sq)) > self.cfg.eta0 * self.cfg.eta_decay ** k
+        for t in range(1, self.T):
+            if grow:
+                new = min(self.beta[t - 1] * self.cfg.penalty_growth, self.cfg.beta_max)
+                self.U[t - 1].mul_(self.beta[t - 1] / new)  # keep λ = β U
+                self.beta[t - 1] = new
+            else:
+                for a, b in self._chunks(N):
+                    sl = slice(a, b)
+                    self._put(self.U[t - 1], sl, self._u(t, sl) + self._constraint_residual(t, sl))
+        self.storage.flush()
+        return res, [math.sqrt(s / N) for s in zsq]
+
+    def primal_steps_at(self, k: int) -> int:
+        """Number of primal passes in outer iteration ``k`` (the primal accuracy schedule)."""
+        return self.cfg.primal_steps + int(math.floor(self.cfg.primal_growth * k))
+
+    def _batch_epoch(self) -> dict:
+        if self.X is None:
+            raise RuntimeError("Call init_state(X, Y) before training in batch mode")
+        p = self.primal_steps_at(self.iteration)
+        theta_loss = 0.0
+        for _ in range(p):
+            theta_loss = self._theta_pass()
+            self._nmf_basis_update()
+            for t in range(self.T - 1, 0, -1):
+                self._z_update(t)
+        res, zn = self._dual_update() if self.T > 1 else ([], [])
+        return {"admm_objective": theta_loss, "primal_steps": p,
+                **{f"residual_{t + 1}": r for t, r in enumerate(res)},
+                **{f"rel_residual_{t + 1}": r / (z + 1e-12) for t, (r, z) in enumerate(zip(res, zn))},
+                **{f"beta_{t + 1}": b for t, b in enumerate(self.beta)}}
+
+    # ------------------------------------------------------------------ online
+    def _online_objective(self, zs: list[torch.Tensor], y: torch.Tensor, per_sample: bool):
+        """``J + Σ_t (λ_t h_t + (ρ_t/2) h_t²)`` (batch mean), and the ``h_t``."""
+        B = zs[0].shape[0]
+        hs = []
+        total = _loss_sum(self.cfg.loss, self.blocks[-1](zs[-1]), y) / B
+        for t in range(1, self.T):
+            h = _sqnorm_rows(zs[t] - self.blocks[t - 1](zs[t - 1])).mean()
+            hs.append(h)
+            total = total + self.lam[t - 1] * h + 0.5 * self.beta[t - 1] * h * h
+        return (total * B if per_sample else total), hs
+
+    def _online_batch(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        with torch.no_grad():
+            zs = [x]
+            for t in range(1, self.T):
+                zs.append(self.blocks[t - 1](zs[-1]))
+        for _ in range(self.cfg.z_steps if self.T > 1 else 0):
+            vars_ = [z.detach().requires_grad_(True) for z in zs[1:]]
+            obj, _ = self._online_objective([x, *vars_], y, per_sample=True)
+            grads = torch.autograd.grad(obj, vars_)
+            zs = [x] + [v.detach() - zeta * g for v, g, zeta in zip(vars_, grads, self.zeta)]
+        hs = []
+        obj = torch.zeros(())
+        for _ in range(self.cfg.primal_steps):
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
+            obj, hs = self._online_objective(zs, y, per_sample=False)
+            if not torch.isfinite(obj):
+                raise DivergenceError(f"non-finite online objective {float(obj)}")
+            obj.backward()
+            for opt in self.optimizers:
+                opt.step()
+        h_vals = [float(h) for h in hs]
+        k = self.iteration
+        if self.cfg.adaptive and math.sqrt(sum(h_vals)) > self.cfg.eta0 * self.cfg.eta_decay ** k:
+            self.beta = [min(b * self.cfg.penalty_growth, self.cfg.beta_max) for b in self.beta]
+        else:
+            self.lam = [lam + rho * h for lam, rho, h in zip(self.lam, self.beta, h_vals)]
+        self._h_last = h_vals
+        return float(obj.detach())
+
+    def _online_epoch(self, X, Y, transform) -> dict:
+        N = X.shape[0]
+        perm = torch.randperm(N, generator=self.generator)
+        bs = self.cfg.batch_size
+        total, hsum, count = 0.0, [0.0] * (self.T - 1), 0
+        for a in range(0, N, bs):
+            idx = perm[a:a + bs]
+            x = X[idx].to(self.device, self.dtype)
+            if transform is not None:
+                x = transform(x, self.generator)
+            obj = self._online_batch(x, Y[idx].to(self.device))
+            total += obj * len(idx)
+            hsum = [s + h * len(idx) for s, h in zip(hsum, self._h_last)]
+            count += len(idx)
+        return {"admm_objective": total / count, **{f"h_{t + 1}": s / count for t, s in enumerate(hsum)},
+                **{f"lambda_{t + 1}": lam for t, lam in enumerate(self.lam)},
+                **{f"rho_{t + 1}": b for t, b in enumerate(self.beta)}}
+
+    # ------------------------------------------------------------------ public
+    def train_mode(self, on: bool = True) -> None:
+        for b in self.blocks:
+            b.train(on)
+
+    def epoch(self, X: torch.Tensor | None = None, Y: torch.Tensor | None = None,
+              transform: Callable | None = None) -> dict:
+        """One outer iteration (batch) or one pass of mini-batches (online); returns its metrics.
+
+        Batch mode trains on the samples given to :meth:`init_state` (``X``, ``Y`` must be ``None``);
+        online mode takes ``X, Y`` each epoch and an optional ``transform(x, generator)`` per batch.
+        """
+        self.train_mode(True)
+        if self.cfg.mode == "batch":
+            if X is not None or transform is not None:
+                raise ValueError("Batch mode trains on the samples given to init_state; use mode='online' for "
+                                 "data that change each epoch")
+            m = self._batch_epoch()
+        else:
+            if X is None or Y is None:
+                raise ValueError("Online mode needs X and Y for each epoch")
+            m = self._online_epoch(X, Y, transform)
+        self.iteration += 1
+        return m
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor, batch: int = 4096) -> torch.Tensor:
+        """Test time: a plain forward pass through the blocks (NMF modules project by NNLS)."""
+        self.train_mode(False)
+        outs = []
+        for a in range(0, x.shape[0], batch):
+            z = x[a:a + batch].to(self.device, self.dtype)
+            for blk in self.blocks:
+                z = blk(z)
+            outs.append(z)
+        return torch.cat(outs)
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: blocks, optimisers, Z, U, duals, penalties, RNG."""
+        return {"iteration": self.iteration, "blocks": [b.state_dict() for b in self.blocks],
+                "optimizers": [o.state_dict() if o is not None else None for o in self.optimizers],
+                "Z": [z.clone() for z in self.Z], "U": [u.clone() for u in self.U], "beta": list(self.beta),
+                "lam": list(self.lam), "generator": self.generator.get_state(), "config": asdict(self.cfg)
+                if not callable(self.cfg.loss) else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict` (batch mode: call :meth:`init_state` first for ``X, Y``)."""
+        self.iteration = int(state["iteration"])
+        for b, s in zip(self.blocks, state["blocks"]):
+            b.load_state_dict(s)
+        for o, s in zip(self.optimizers, state["optimizers"]):
+            if o is not None:
+                o.load_state_dict(s)
+        if len(state["Z"]) != len(self.Z) and self.cfg.mode == "batch":
+            raise ValueError(f"Checkpoint has {len(state['Z'])} decoupling variables, this trainer {len(self.Z)}")
+        for dst, src in zip(self.Z + self.U, state["Z"] + state["U"]):
+            if dst.shape != src.shape:
+                raise ValueError(f"Checkpoint state has shape {tuple(src.shape)}, expected {tuple(dst.shape)} "
+                                 f"(different data or training subset?)")
+            dst.copy_(src)
+        self.storage.flush()
+        self.beta = [float(b) for b in state["beta"]]
+        self.lam = [float(v) for v in state["lam"]]
+        self.generator.set_state(state["generator"])
+
+
+def random_shift(max_shift: int, image_shape: Sequence[int]) -> Callable:
+    """Augmentation for online block-ADMM: shift each image by up to ``max_shift`` pixels (zero fill).
+
+    Returns ``transform(x, generator)``; ``x`` is ``(B, C, H, W)`` or flat ``(B, C·H·W)``.
+    """
+    C, H, W = image_shape
+
+    def transform(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        flat = x.dim() == 2
+        img = x.reshape(x.shape[0], C, H, W)
+        shifts = torch.randint(-max_shift, max_shift + 1, (x.shape[0], 2), generator=generator)
+        p = max_shift
+        padded = F.pad(img, (p, p, p, p))
+        out = torch.empty_like(img)
+        for i, (dy, dx) in enumerate(shifts.tolist()):
+            out[i] = padded[i, :, p + dy:p + dy + H, p + dx:p + dx + W]
+        return out.reshape(x.shape) if flat else out
+
+    return transform
+
+
+# ---------------------------------------------------------------------- trainer with run folder
+@dataclass
+class RunData:
+    """Training and test tensors for :func:`train_admm` (inputs already shaped for the first block)."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    transform: Callable | None = None
+
+
+def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    return float((logits.argmax(dim=1).cpu() == labels.cpu()).float().mean())
+
+
+def evaluate(trainer: BlockADMM, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Loss (per-sample mean) and accuracy (classification losses) of the plain forward pass."""
+    out = trainer.predict(x)
+    with torch.no_grad():
+        loss = float(_loss_sum(trainer.cfg.loss, out, y.to(out.device))) / x.shape[0]
+    res = {"loss": loss}
+    if trainer.cfg.loss != "mse" and not callable(trainer.cfg.loss):
+        res["acc"] = _accuracy(out, y)
+    return res
+
+
+def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.PathLike | None = None,
+               resume: bool = False, progress: bool = True, run_config: dict | None = None,
+               eval_train_limit: int = 10000) -> list[dict]:
+    """Train for ``epochs`` outer iterations with the conventions of ``inferlearn train``.
+
+    Writes ``config.json``, appends one line per epoch to ``metrics.jsonl`` and saves an atomic
+    checkpoint ``checkpoint.pt`` (blocks, optimisers, ``Z``, ``U``, duals, penalties, RNG) after
+    every epoch. ``resume=True`` continues from the checkpoint exactly (same result as an
+    uninterrupted run); metrics lines newer than the checkpoint are dropped.
+
+    Raises:
+        DivergenceError: non-finite losses or residuals, naming the epoch and the last good checkpoint.
+    """
+    if not (isinstance(epochs, int) and epochs >= 0):
+        raise ValueError(f"Invalid epochs: {epochs}")
+    out = Path(out) if out is not None else None
+    ckpt = out / "checkpoint.pt" if out is not None else None
+    if trainer.cfg.mode == "batch":
+        trainer.init_state(data.train_x, data.train_y)
+    history: list[dict] = []
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            if not ckpt.exists():
+                raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
+            trainer.load_state_dict(torch.load(ckpt, weights_only=False))
+            history = [m for m in read_jsonl(out / "metrics.jsonl") if m["epoch"] <= trainer.iteration]
+            write_text_lines = "".join(json.dumps(m, sort_keys=True) + "\n" for m in history)
+            write_text(write_text_lines, out / "metrics.jsonl")
+        else:
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+        write_json({**(run_config or {}), "admm": asdict(trainer.cfg) if not callable(trainer.cfg.loss) else None,
+                    "epochs": epochs, **trainer.memory_bytes()}, out / "config.json")
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=epochs, initial=trainer.iteration, desc=f"block-ADMM ({trainer.cfg.mode})",
+                   disable=not progress)
+    except ImportError:  # tqdm is a dependency; this only guards minimal installs
+        bar = None
+    while trainer.iteration < epochs:
+        k = trainer.iteration + 1
+        t0 = time.perf_counter()
+        try:
+            if trainer.cfg.mode == "batch":
+                m = trainer.epoch()
+            else:
+                m = trainer.epoch(data.train_x, data.train_y, data.transform)
+        except DivergenceError as exc:
+            last = f"{ckpt} (epoch {k - 1})" if ckpt is not None and ckpt.exists() else "none"
+            raise DivergenceError(f"Block-ADMM diverged in epoch {k}: {exc}; last good checkpoint: {last}") from exc
+        dt = time.perf_counter() - t0
+        n_tr = min(eval_train_limit, data.train_x.shape[0])
+        tr = evaluate(trainer, data.train_x[:n_tr], data.train_y[:n_tr])
+        te = evaluate(trainer, data.test_x, data.test_y)
+        if not math.isfinite(tr["loss"]):
+            last = f"{ckpt} (epoch {k - 1})" if ckpt is not None and ckpt.exists() else "none"
+            raise DivergenceError(f"Block-ADMM diverged in epoch {k}: training loss {tr['loss']}; "
+                                  f"last good checkpoint: {last}")
+        rec = {"epoch": k, "time": dt, **m, **{f"train_{a}": v for a, v in tr.items()},
+               **{f"test_{a}": v for a, v in te.items()}, **trainer.memory_bytes()}
+        history.append(rec)
+        if out is not None:
+            save_torch(trainer.state_dict(), ckpt)  # checkpoint first: metrics never run ahead of it
+            append_jsonl(rec, out / "metrics.jsonl")
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{tr['loss']:.4f}", test_acc=f"{te.get('acc', float('nan')):.4f}")
+    if bar is not None:
+        bar.close()
+    return history
