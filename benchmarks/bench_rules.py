@@ -1,0 +1,64 @@
+"""Epoch time of every registered rule relative to back-propagation, in one process.
+
+Usage::
+
+    python benchmarks/bench_rules.py --data mnist --arch 784-64-64-64-10 --repeats 3
+
+Writes ``benchmarks/results/rules_epoch_time.md`` (and ``.png``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from epoch_timing import RESULTS, environment, markdown_table, time_rules  # noqa: E402
+
+from inferlearn.config import TrainConfig  # noqa: E402
+from inferlearn.rules import RULES  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="mnist")
+    p.add_argument("--arch", default="784-64-64-64-10")
+    p.add_argument("--act", default="relu")
+    p.add_argument("--batch-size", type=int, default=50)
+    p.add_argument("--limit-train", type=int, default=None, help="samples per epoch (default: all)")
+    p.add_argument("--rules", default="all")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--name", default="rules_epoch_time")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rules = sorted(RULES) if args.rules == "all" else args.rules.split(",")
+    rules = ["backprop"] + [r for r in rules if r != "backprop"]
+    base = TrainConfig(data=args.data, arch=args.arch, act=args.act, batch_size=args.batch_size,
+                       limit_train=args.limit_train, out="/tmp/inferlearn-bench")
+    rows = time_rules(base, [(r, r, {}) for r in rules], repeats=args.repeats)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cmd = "python benchmarks/bench_rules.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = (f"# Epoch time of each rule relative to back-propagation\n\nCommand: `{cmd}`\n\n"
+            f"Data `{args.data}`{f' (first {args.limit_train} samples)' if args.limit_train else ''}, architecture "
+            f"`{args.arch}`, units `{args.act}`, batch {args.batch_size}, SGD, default rule options; median of "
+            f"{args.repeats} interleaved repeats; {environment()}.\n\n" + markdown_table(rows))
+    (RESULTS / f"{args.name}.md").write_text(text)
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))
+    ax.barh([r["label"] for r in rows][::-1], [r["ratio"] for r in rows][::-1])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("epoch time / back-propagation (median)")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{args.name}.png", dpi=110)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
