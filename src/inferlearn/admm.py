@@ -524,7 +524,7 @@ class BlockADMM:
             obj.backward()
             for opt in self.optimizers:
                 opt.step()
-        h_vals = [float(h) for h in hs]
+        h_vals = [float(h.detach()) for h in hs]
         k = self.iteration
         if self.cfg.adaptive and math.sqrt(sum(h_vals)) > self.cfg.eta0 * self.cfg.eta_decay ** k:
             self.beta = [min(b * self.cfg.penalty_growth, self.cfg.beta_max) for b in self.beta]
