@@ -12,6 +12,7 @@ COMMANDS = [
     "inferlearn.commands.train",
     "inferlearn.commands.compare",
     "inferlearn.commands.data",
+    "inferlearn.commands.admm",
 ]
 
 

@@ -1,0 +1,148 @@
+"""``inferlearn admm``: train a network split into blocks with stochastic block-ADMM.
+
+Examples::
+
+    inferlearn admm --data mnist --arch 784-256-256-10 --epochs 10 --out runs/admm
+    inferlearn admm --data mnist --arch conv:16-32 --mode online --shift 2 --z-steps 2 --out runs/admm-online
+    inferlearn admm --data mnist --arch 784-256-64-10 --nmf-rank 32 --nmf-after 1 --out runs/deepfacto
+    inferlearn admm --resume runs/admm --epochs 20      # continue (or extend) exactly
+
+Writes ``config.json``, ``metrics.jsonl`` and ``checkpoint.pt`` (blocks, optimisers, Z, U, duals,
+penalties, RNG) into ``--out`` like ``inferlearn train``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from ..admm import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift, train_admm
+from ..blocks import ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
+from ..data import DATASETS, load_dataset
+from ..nmf import NMF
+
+RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
+            "z_steps", "primal_steps", "primal_growth", "adaptive", "eta0", "eta_decay", "penalty_growth",
+            "loss", "seed", "device", "data_dir", "limit_train", "memmap", "shift", "nmf_rank", "nmf_after",
+            "chunk_size")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("admm", help="train a network in blocks with stochastic block-ADMM (batch or online)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="mnist", help=f"dataset: {', '.join(DATASETS)} (default %(default)s)")
+    p.add_argument("--arch", default="784-256-256-10",
+                   help="MLP widths (784-256-256-10) or conv:C1-C2 for the small conv net (default %(default)s)")
+    p.add_argument("--act", default="relu", help=f"activation: {', '.join(sorted(ACTIVATIONS))}")
+    p.add_argument("--split", default=None,
+                   help="comma-separated module indices where blocks start (default: after every activation/pool)")
+    p.add_argument("--mode", default="batch", choices=["batch", "online"])
+    p.add_argument("--epochs", type=int, default=None, help="outer iterations (default 10)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--optimizer", default="adam", choices=["sgd", "adam"])
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--beta", default="1", help="penalty β_t (online: ρ_t), one value or one per constraint, comma-separated")
+    p.add_argument("--zeta", default="0.5", help="Z step size ζ_t, one value or one per constraint")
+    p.add_argument("--z-steps", type=int, default=1)
+    p.add_argument("--primal-steps", type=int, default=1)
+    p.add_argument("--primal-growth", type=float, default=0.0, help="extra primal passes per iteration")
+    p.add_argument("--adaptive", action="store_true", help="adaptive penalty (Shi et al. 2017)")
+    p.add_argument("--eta0", type=float, default=1.0)
+    p.add_argument("--eta-decay", type=float, default=0.9)
+    p.add_argument("--penalty-growth", type=float, default=2.0)
+    p.add_argument("--loss", default="cross-entropy", choices=[x for x in LOSSES if x != "mse"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
+    p.add_argument("--memmap", action="store_true", help="keep Z and U in memory-mapped files in OUT/state")
+    p.add_argument("--shift", type=int, default=0, help="online mode: random shifts of up to this many pixels")
+    p.add_argument("--nmf-rank", type=int, default=None, help="insert a DeepFacto NMF module of this rank")
+    p.add_argument("--nmf-after", type=int, default=1, help="insert the NMF module after this block")
+    p.add_argument("--chunk-size", type=int, default=4096)
+    p.add_argument("--out", default="runs/admm")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _floats(text: str) -> float | list[float]:
+    vals = [float(v) for v in str(text).split(",")]
+    return vals[0] if len(vals) == 1 else vals
+
+
+def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
+    """The network of ``--arch`` split at ``--split``, with an NMF module if ``--nmf-rank`` is set."""
+    if args.arch.startswith("conv"):
+        chans = [int(c) for c in args.arch.split(":", 1)[1].split("-")] if ":" in args.arch else [16, 32]
+        C, H, _ = image_shape
+        net = conv_net(chans, n_classes, in_channels=C, image_size=H, act=args.act, seed=args.seed)
+    else:
+        net = mlp(args.arch, act=args.act, seed=args.seed)
+    points = None if args.split in (None, "") else [int(p) for p in str(args.split).split(",")]
+    blocks: list[torch.nn.Module] = list(split_sequential(net, points))
+    shapes = check_blocks(blocks, image_shape)
+    if shapes[-1] != (n_classes,):
+        raise ValueError(f"The network outputs shape {shapes[-1]} but {args.data} has {n_classes} classes")
+    if args.nmf_rank is not None:
+        k = args.nmf_after
+        if not 1 <= k <= len(blocks) - 1:
+            raise ValueError(f"Invalid --nmf-after {k}: must lie in 1..{len(blocks) - 1} (between two blocks)")
+        n = int(torch.tensor(shapes[k - 1]).prod())
+        nmf = NMF(n, args.nmf_rank, seed=args.seed)
+        nxt = blocks[k]
+        first = next(m for m in nxt.modules() if isinstance(m, torch.nn.Linear))
+        # The next block sees only S (rank r): replace its first linear layer's input width.
+        if first.in_features != n:
+            raise ValueError("--nmf-rank needs the block after the NMF module to start with a Linear layer "
+                             f"on the flattened {n} features")
+        torch.manual_seed(args.seed)
+        new = torch.nn.Linear(args.nmf_rank, first.out_features)
+        for name, m in nxt.named_modules():
+            for cname, child in m.named_children():
+                if child is first:
+                    setattr(m, cname, new)
+        blocks.insert(k, nmf)
+        check_blocks(blocks, image_shape)
+    return blocks
+
+
+def run(args) -> int:
+    resume = args.resume is not None
+    if resume:
+        saved = json.loads((Path(args.resume) / "config.json").read_text())
+        for key in RUN_KEYS:
+            setattr(args, key, saved["run"][key])
+        args.epochs = args.epochs if args.epochs is not None else saved["epochs"]
+        args.out = args.resume
+    args.epochs = 10 if args.epochs is None else args.epochs
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"Device {args.device!r} requested but CUDA is not available; use --device cpu")
+    ds = load_dataset(args.data, data_dir=args.data_dir)
+    shape = tuple(ds.image_shape)
+    tx, ty = ds.train_x, ds.train_y
+    if args.limit_train is not None:
+        tx, ty = tx[:args.limit_train], ty[:args.limit_train]
+    data = RunData(tx.reshape(-1, *shape), ty, ds.test_x.reshape(-1, *shape), ds.test_y,
+                   transform=random_shift(args.shift, shape) if args.shift > 0 else None)
+    if args.shift > 0 and args.mode != "online":
+        raise ValueError("--shift (augmentation) needs --mode online: batch mode keeps Z for fixed samples")
+    blocks = [b.to(args.device) for b in build_blocks(args, shape, ds.n_classes)]
+    cfg = ADMMConfig(mode=args.mode, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
+                     momentum=args.momentum, beta=_floats(args.beta), zeta=_floats(args.zeta), z_steps=args.z_steps,
+                     primal_steps=args.primal_steps, primal_growth=args.primal_growth, adaptive=args.adaptive,
+                     eta0=args.eta0, eta_decay=args.eta_decay, penalty_growth=args.penalty_growth, loss=args.loss,
+                     seed=args.seed, chunk_size=args.chunk_size)
+    trainer = BlockADMM(blocks, cfg, memmap_dir=Path(args.out) / "state" if args.memmap else None)
+    run_cfg = {"run": {k: getattr(args, k) for k in RUN_KEYS},
+               "blocks": [repr(b) for b in blocks]}
+    history = train_admm(trainer, data, args.epochs, out=args.out, resume=resume, progress=not args.quiet,
+                         run_config=run_cfg)
+    last = history[-1] if history else {}
+    mem = trainer.memory_bytes()
+    print(f"done: test accuracy {last.get('test_acc', float('nan')):.4f}; Z/U state {mem['state_bytes'] / 2**20:.1f} MiB"
+          f"{' on disk' if mem['state_on_disk'] else ''}; results in {args.out}")
+    return 0
