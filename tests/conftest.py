@@ -10,6 +10,8 @@ import torch
 torch.set_num_threads(1)
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+#: read once at start: the autouse fixture below removes the variable so that tests see a clean search path.
+ENV_DATA = os.environ.get("INFERLEARN_DATA")
 
 
 @pytest.fixture
@@ -17,7 +19,7 @@ def mnist_dir():
     """The offline MNIST copy (``../shared/data``) or ``$INFERLEARN_DATA``; skip when neither has it."""
     from inferlearn.data import locate
 
-    for root in (os.environ.get("INFERLEARN_DATA"), SHARED_DATA):
+    for root in (ENV_DATA, SHARED_DATA):
         if root and locate("mnist", root)[0]:
             return str(root)
     pytest.skip("MNIST files not available offline (set INFERLEARN_DATA)")
@@ -25,8 +27,9 @@ def mnist_dir():
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Keep tests away from the user's cache so resolution-order tests are reproducible."""
+    """Keep tests away from the user's cache and $INFERLEARN_DATA so resolution-order tests are reproducible."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("INFERLEARN_DATA", raising=False)
     from inferlearn.data.datasets import _load_cached
 
     _load_cached.cache_clear()
