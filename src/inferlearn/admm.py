@@ -449,17 +449,23 @@ class BlockADMM:
         N = self.X.shape[0]
         sq = [0.0] * (self.T - 1)
         zsq = [0.0] * (self.T - 1)
+        # Without the adaptive rule the dual update needs no global decision: one pass computes the
+        # residuals, their norms and the update (one forward of each block instead of two).
+        update_now = not self.cfg.adaptive
         for t in range(1, self.T):
             for a, b in self._chunks(N):
-                r = self._constraint_residual(t, slice(a, b))
+                sl = slice(a, b)
+                r = self._constraint_residual(t, sl)
                 sq[t - 1] += float(_sqnorm_rows(r).sum())
-                zsq[t - 1] += float(_sqnorm_rows(self._get(t - 1 if self.is_nmf[t - 1] else t, slice(a, b))).sum())
+                zsq[t - 1] += float(_sqnorm_rows(self._get(t - 1 if self.is_nmf[t - 1] else t, sl)).sum())
+                if update_now:
+                    self._put(self.U[t - 1], sl, self._u(t, sl) + r)
         res = [math.sqrt(s / N) for s in sq]
         if not all(math.isfinite(r) for r in res):
             raise DivergenceError(f"non-finite constraint residuals {res}")
         k = self.iteration
         grow = self.cfg.adaptive and math.sqrt(sum(s / N for s in sq)) > self.cfg.eta0 * self.cfg.eta_decay ** k
-        for t in range(1, self.T):
+        for t in range(1, self.T if self.cfg.adaptive else 1):
             if grow:
                 new = min(self.beta[t - 1] * self.cfg.penalty_growth, self.cfg.beta_max)
                 self.U[t - 1].mul_(self.beta[t - 1] / new)  # keep λ = β U
