@@ -202,7 +202,7 @@ class LiftedEnergy:
 
     # -- problems ------------------------------------------------------------------------------
     def problem(self, x: torch.Tensor, target: torch.Tensor | None = None, *, clamped: torch.Tensor | None = None,
-                nudge: torch.Tensor | None = None, beta: float = 1.0) -> "LiftedProblem":
+                nudge: torch.Tensor | None = None, beta: float = 1.0, check: bool = True) -> "LiftedProblem":
         """An inference problem ``min_{z_1..z_{L-1}} E`` for a batch.
 
         Args:
@@ -212,12 +212,13 @@ class LiftedEnergy:
                 given, none otherwise. Mixed rows solve free and clamped phases in one batch.
             nudge: ``(batch, n_L)`` direction ``g`` of the linear nudge ``β gᵀ z_L`` on free rows.
             beta: the nudge strength ``β`` (any sign; 0 is the free phase).
+            check: check ``x`` and ``target`` for NaN/inf (callers that validated them already skip it).
 
         Raises:
             ValueError: wrong shapes (e.g. target width ≠ number of outputs), non-finite values, or
                 clamped rows without a target.
         """
-        return LiftedProblem(self, x, target, clamped, nudge, beta)
+        return LiftedProblem(self, x, target, clamped, nudge, beta, check)
 
     def hessian(self, clamped: bool) -> torch.Tensor:
         """Dense Hessian of a problem over the stacked hidden variables (free or clamped rows).
@@ -259,20 +260,21 @@ class LiftedProblem:
     clamped: torch.Tensor | None = None
     nudge: torch.Tensor | None = None
     beta: float = 1.0
+    check: bool = True
 
     def __post_init__(self) -> None:
         e = self.energy
         x = self.x
         if x.dim() != 2 or x.shape[1] != e.sizes[0]:
             raise ValueError(f"Expected input of shape (batch, {e.sizes[0]}), got {tuple(x.shape)}")
-        if not torch.isfinite(x).all():
+        if self.check and not torch.isfinite(x).all():
             raise ValueError("Input contains NaN or inf values")
         B, n_out = x.shape[0], e.sizes[-1]
         if self.target is not None:
             t = self.target
             if t.dim() != 2 or t.shape[0] != B or t.shape[1] != n_out:
                 raise ValueError(f"Target must have shape ({B}, {n_out}) (batch, outputs); got {tuple(t.shape)}")
-            if not torch.isfinite(t).all():
+            if self.check and not torch.isfinite(t).all():
                 raise ValueError("Target contains NaN or inf values")
             self.target = t.to(x.dtype)
         if self.clamped is None:
@@ -299,7 +301,8 @@ class LiftedProblem:
                 free_res = free_res * (~self.clamped).to(x.dtype).unsqueeze(1)
         self._free_res = free_res
         self._clamp_col = self.clamped.to(x.dtype).unsqueeze(1) if 0 < self.n_clamped < B else None
-        self.a1 = e.pre(1, x)
+        if getattr(self, "a1", None) is None:
+            self.a1 = e.pre(1, x)
 
     @property
     def batch(self) -> int:
@@ -331,15 +334,28 @@ class LiftedProblem:
         top = hidden[-1] if hidden else self.x
         return [self.x, *hidden, self.output(top)]
 
+    def forward_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """The forward pass (cached): hidden layers ``z_k = Π_{C_k}(a_k)`` and pre-activations.
+
+        Returns:
+            ``(hidden, pre)`` with ``pre[k] = a_k`` for ``k = 1 … L`` (``pre[0]`` is ``None``).
+            Shared, read-only tensors; :meth:`forward_init` returns copies.
+        """
+        if getattr(self, "_fwd", None) is None:
+            e = self.energy
+            hidden, pre, z = [], [None, self.a1], self.x
+            for k in range(1, self.depth):
+                if k > 1:
+                    pre.append(e.pre(k, z))
+                z = e.units[k - 1].project(pre[k])
+                hidden.append(z)
+            pre.append(e.pre(self.depth, z))
+            self._fwd = (hidden, pre)
+        return self._fwd
+
     def forward_init(self) -> list[torch.Tensor]:
-        """The forward pass ``z_k = Π_{C_k}(a_k)``: every solver's starting point."""
-        hidden, z = [], self.x
-        for k in range(1, self.depth):
-            z = self.energy.units[k - 1].project(self.a1 if k == 1 else self.energy.pre(k, z))
-            if z is self.a1:
-                z = z.clone()   # linear units project to the same tensor; solvers update in place
-            hidden.append(z)
-        return hidden
+        """Copies of the forward pass ``z_k = Π_{C_k}(a_k)``: every solver's starting point."""
+        return [z.clone() for z in self.forward_state()[0]]
 
     def value(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per-sample energy at ``hidden`` (with the output eliminated/clamped and the nudge term)."""
@@ -396,13 +412,45 @@ class LiftedProblem:
                              None if self.nudge is None else self.nudge.to(dtype), self.beta)
 
 
-def contrastive_problem(energy: LiftedEnergy, x: torch.Tensor, target: torch.Tensor) -> LiftedProblem:
+def contrastive_problem(energy: LiftedEnergy, x: torch.Tensor, target: torch.Tensor, check: bool = True) -> LiftedProblem:
     """Free and clamped phases of a batch stacked into one problem: rows ``[free; clamped]``.
 
-    Solving both phases together halves the number of (small, overhead-bound) tensor operations.
+    Solving both phases together halves the number of (small, overhead-bound) tensor operations;
+    the first pre-activation ``W_0 x + b_0`` (the largest product) is computed once for both.
     """
     B = x.shape[0]
     if target.dim() != 2 or target.shape[0] != B:
         raise ValueError(f"Target must have shape ({B}, {energy.sizes[-1]}); got {tuple(target.shape)}")
+    if x.dim() != 2 or x.shape[1] != energy.sizes[0]:
+        raise ValueError(f"Expected input of shape (batch, {energy.sizes[0]}), got {tuple(x.shape)}")
     clamped = torch.cat([torch.zeros(B, dtype=torch.bool, device=x.device), torch.ones(B, dtype=torch.bool, device=x.device)])
-    return energy.problem(torch.cat([x, x]), torch.cat([target, target]), clamped=clamped)
+    a1 = energy.pre(1, x)
+    p = LiftedProblem.__new__(LiftedProblem)
+    p.energy, p.x, p.target, p.clamped, p.nudge, p.beta, p.check = (
+        energy, torch.cat([x, x]), torch.cat([target, target]), clamped, None, 1.0, check)
+    p.a1 = torch.cat([a1, a1])
+    p.__post_init__()
+    return p
+
+
+def contrastive_grads(energy: LiftedEnergy, zs: Sequence[torch.Tensor], scale: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``scale · Σ_i [∇_W E(ẑ^{(i)}) − ∇_W E(ž^{(i)})]`` for the stacked layers of :func:`contrastive_problem`.
+
+    Equal to :meth:`LiftedEnergy.weight_grads` with coefficients ``−scale`` (free rows, first half)
+    and ``+scale`` (clamped rows), but the first layer uses ``(a_1 − ẑ_1) − (a_1 − ž_1) = ž_1 − ẑ_1``
+    exactly: no cancellation of the (large) pre-activations, and one product with ``x``, the
+    largest, over ``B`` rows instead of ``2B``.
+
+    Args:
+        zs: ``[x, z_1, …, z_L]`` with ``2B`` rows, free rows first.
+    """
+    B = zs[0].shape[0] // 2
+    x = zs[0][:B]
+    d = (zs[1][:B] - zs[1][B:]) * (scale * energy.term_weights[1])
+    out = [(d.t() @ x, d.sum(dim=0))]
+    sign = torch.ones(2 * B, 1, dtype=x.dtype, device=x.device)
+    sign[:B] = -1.0
+    for k in range(1, energy.depth):
+        r = (energy.pre(k + 1, zs[k]) - zs[k + 1]) * (sign * (scale * energy.term_weights[k + 1]))
+        out.append((r.t() @ zs[k], r.sum(dim=0)))
+    return out

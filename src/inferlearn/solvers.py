@@ -68,12 +68,11 @@ def _check_options(max_iter: int, tol: float | None, on_fail: str) -> None:
 
 def _finish(name: str, problem: LiftedProblem, hidden: list[torch.Tensor], iterations: int, tol: float | None,
             on_fail: str, residual: float | None = None) -> SolveInfo:
-    for k, z in enumerate(hidden, start=1):
-        if not torch.isfinite(z).all():
-            raise ConvergenceError(f"{name}: non-finite activations in hidden layer {k} after {iterations} iterations "
-                                   "(weights too large or inputs non-finite?)")
     if residual is None:
         residual = float(problem.residuals(hidden).max()) if hidden else 0.0
+    if not math.isfinite(residual):   # NaN/inf anywhere in the iterate propagates into the residual
+        raise ConvergenceError(f"{name}: non-finite activations after {iterations} iterations "
+                               "(weights too large or inputs non-finite?)")
     converged = tol is None or residual <= tol
     info = SolveInfo(name, iterations, residual, converged, tol)
     if not converged:
@@ -96,23 +95,29 @@ class Solver(abc.ABC):
 
         Args:
             problem: the batch of problems.
-            init: starting hidden layers (feasible); default the forward pass.
+            init: starting hidden layers (feasible; checked); default the forward pass.
 
         Returns:
             ``(hidden, info)`` with ``hidden = [z_1, …, z_{L-1}]`` (new tensors; ``init`` is not modified).
         """
-        if init is None:
-            hidden = problem.forward_init()
-        else:
-            problem.check_feasible(init)
-            hidden = [z.clone() for z in init]
         if problem.depth == 1:
             return [], SolveInfo(self.name, 0, 0.0, True, None)
-        return self._solve(problem, hidden)
+        if init is None:
+            hidden, pre = problem.forward_state()
+        else:
+            problem.check_feasible(init)
+            e = problem.energy
+            hidden = list(init)
+            pre = [None, problem.a1] + [e.pre(k, hidden[k - 2]) for k in range(2, problem.depth + 1)]
+        hidden = [z.clone() for z in hidden] if self.in_place else list(hidden)
+        return self._solve(problem, hidden, list(pre))
 
     @abc.abstractmethod
-    def _solve(self, problem: LiftedProblem, hidden: list[torch.Tensor]) -> tuple[list[torch.Tensor], SolveInfo]:
-        """Solve in place from the (copied) starting point ``hidden``."""
+    def _solve(self, problem: LiftedProblem, hidden: list[torch.Tensor],
+               pre: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], SolveInfo]:
+        """Solve from ``hidden`` (copies when ``in_place``), ``pre[k] = a_k`` of that point (k = 1 … L)."""
+
+    in_place: bool = True
 
 
 class CoordinateDescent(Solver):
@@ -144,11 +149,11 @@ class CoordinateDescent(Solver):
         _check_options(sweeps, tol, on_fail)
         self.sweeps, self.tol, self.on_fail = sweeps, tol, on_fail
 
-    def _solve(self, problem, hidden):
+    def _solve(self, problem, hidden, pre):
         e, L = problem.energy, problem.depth
         zs = [problem.x, *hidden]
-        a = [None, problem.a1] + [e.pre(k, zs[k - 1]) for k in range(2, L)]
-        a_top = e.pre(L, zs[L - 1])
+        a = [None, problem.a1] + [pre[k].clone() for k in range(2, L)]
+        a_top = pre[L].clone()
         # r[k] = z_k − a_k for k = 2..L (the residuals seen by the layer below)
         r = [None, None] + [zs[k] - a[k] for k in range(2, L)]
         top = problem.top_residual(a_top)
@@ -188,30 +193,49 @@ class CoordinateDescent(Solver):
         return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail)
 
 
-class _SpectralCache:
-    """Largest eigenvalue of ``WᵀW`` by power iteration, warm-started across calls.
+def lambda_max(W: torch.Tensor, v: torch.Tensor | None = None, iters: int = 30) -> tuple[float, torch.Tensor]:
+    """Estimate ``λ_max(WᵀW) = ‖W‖₂²`` by power iteration on the Gram matrix.
 
-    Weights change little between mini-batches, so a few power iterations from the previous
-    singular vector track ``‖W‖₂²`` at the cost of a few mat-vecs instead of an SVD.
+    Args:
+        W: the matrix.
+        v: start vector (e.g. the previous call's), default a fixed deterministic vector.
+        iters: number of iterations.
+
+    Returns:
+        ``(λ̂, v)``: the Rayleigh quotient (a lower bound of ``λ_max``) and the last iterate, to
+        warm-start the next call. About 20× cheaper than an SVD for 64×64 matrices.
+    """
+    G = W.t() @ W if W.shape[0] >= W.shape[1] else W @ W.t()
+    if v is None or v.shape[0] != G.shape[0]:
+        v = torch.ones(G.shape[0], dtype=W.dtype, device=W.device)
+        v[1::2] = -0.5   # generic start: not orthogonal to the leading eigenvector of a generic W
+    for _ in range(iters):
+        v = G @ v
+        v = v / v.norm().clamp_min(torch.finfo(W.dtype).tiny)
+    return float(v @ (G @ v)), v
+
+
+class _LambdaCache:
+    """``λ_max(WᵀW)`` per weight tensor, recomputed when the tensor changes (``_version``).
+
+    A changed tensor (an optimiser step) is re-estimated by 3 power iterations warm-started from
+    its previous vector: weights move little per step, so this tracks ``‖W‖₂²`` closely. The value
+    depends on the history of the tensor, which is the same for the same seed and data.
     """
 
-    def __init__(self, iters: int = 3, cold_iters: int = 30):
-        self.iters, self.cold_iters = iters, cold_iters
-        self._vecs: dict[tuple, torch.Tensor] = {}
+    def __init__(self, warm_iters: int = 3):
+        self.warm_iters = warm_iters
+        self._store: dict[tuple, tuple[int, float, torch.Tensor]] = {}
 
-    def __call__(self, W: torch.Tensor) -> float:
-        key = (W.data_ptr(), tuple(W.shape), W.dtype, W.device)
-        v = self._vecs.get(key)
-        n = self.iters
-        if v is None:
-            g = torch.Generator(device="cpu").manual_seed(0)
-            v = torch.randn(W.shape[1], generator=g, dtype=torch.float64).to(W.device, W.dtype)
-            n = self.cold_iters
-        for _ in range(n):
-            v = W.t() @ (W @ v)
-            v = v / v.norm().clamp_min(1e-30)
-        lam = float((W @ v).pow(2).sum())
-        self._vecs[key] = v
+    def __call__(self, W: torch.Tensor, exact: bool = False) -> float:
+        if exact:
+            return float(torch.linalg.matrix_norm(W.double(), ord=2)) ** 2
+        key = (W.data_ptr(), tuple(W.shape), W.dtype)
+        hit = self._store.get(key)
+        if hit is not None and hit[0] == W._version:
+            return hit[1]
+        lam, v = lambda_max(W, None if hit is None else hit[2], self.warm_iters if hit is not None else 30)
+        self._store[key] = (W._version, lam, v)
         return lam
 
 
@@ -222,26 +246,31 @@ class BlockProjectedGradient(Solver):
     its block, with the other layers fixed and its pre-activation ``a_k`` fresh from the layer below::
 
         z_k ← Π_{C_k}( z_k − t_k [(z_k − a_k) + ρ_k W_kᵀ (W_k z_k + b_k − z_{k+1})] )
-        t_k = 2 / (2 + ρ_k · 1.1 λ̂_k),   λ̂_k ≈ λ_max(W_kᵀW_k) (warm-started power iteration)
+        t_k = 2 / (2 + ρ_k · 1.1 λ̂_k),   λ̂_k ≈ λ_max(W_kᵀW_k)
 
-    ``t_k`` is the step minimising the contraction factor of the block (eigenvalues of its
-    Hessian lie in ``[1, 1 + ρ_k λ_max]``) and stays below the descent limit ``2/(1 + ρ_k λ_max)``, so
-    every step decreases the energy: block coordinate gradient descent on a strongly convex QP
-    converges (Tseng & Yun 2009). The step for ``a_{k+1}`` needed by the next layer is the forward
-    product of the updated layer, so a sweep costs about one forward and one backward pass over the
-    hidden layers (``W_0`` is not involved: the input is fixed).
+    ``t_k`` is the step minimising the contraction factor of the block (the eigenvalues of its
+    scaled Hessian lie in ``[1, 1 + ρ_k λ_max]``) and stays below the descent limit
+    ``2/(1 + ρ_k λ_max)``, so every step decreases the energy: block coordinate gradient descent on
+    a strongly convex QP converges (Tseng & Yun 2009). A free output is eliminated, so the top
+    block of a free row is ``w_k I`` and its step is exact (``t = 1``). The updated layer's forward
+    product ``a_{k+1}`` is what the next layer needs, so a sweep costs about one forward and one
+    backward pass over the hidden layers (``W_0`` is not involved: the input is fixed).
 
-    Speed (see ``benchmarks/results/lifted_speed.md``): the problem's rows are independent, so free
-    and clamped phases are solved as one stacked batch (half the operations); weak feedback makes
-    the forward pass a near-solution, so few sweeps are needed; the stopping test costs a
-    reduction per layer and runs every ``check_every`` sweeps.
+    Speed (``benchmarks/results/lifted_speed.md``): rows are independent, so free and clamped
+    phases are solved as one stacked batch; weak feedback makes the forward pass a near-solution,
+    so few sweeps are needed; ``λ̂`` is tracked by warm-started power iteration instead of an SVD;
+    the stopping test runs every ``check_every`` sweeps.
 
     Args:
         max_iter: maximum number of sweeps.
-        tol: stop when the largest change of a unit in one sweep (divided by ``t_k``: the projected-
-            gradient residual) is below ``tol``; then the exact residual is checked against ``tol``.
+        tol: stop when the largest projected-gradient step of a sweep (``max |Δz_k| / t_k``, in
+            activation units) is at most ``tol``; ``None`` runs exactly ``max_iter`` sweeps.
         check_every: test the stopping criterion every this many sweeps.
         on_fail: ``"warn"``, ``"raise"`` or ``"ignore"`` when ``max_iter`` is reached first.
+        residual: ``"step"`` (default) reports the last checked sweep's step, a by-product of the
+            iteration; ``"exact"`` evaluates :meth:`LiftedProblem.residuals` at the returned point
+            (one more gradient evaluation).
+        exact_steps: compute ``λ_max`` by SVD for every call instead of tracking it.
 
     Note:
         Not in the paper, which uses unit-wise coordinate descent (:class:`CoordinateDescent`); both
@@ -249,13 +278,18 @@ class BlockProjectedGradient(Solver):
     """
 
     name = "block-pg"
+    in_place = False
 
-    def __init__(self, max_iter: int = 100, tol: float | None = 1e-5, check_every: int = 2, on_fail: str = "warn"):
+    def __init__(self, max_iter: int = 100, tol: float | None = 1e-5, check_every: int = 2, on_fail: str = "warn",
+                 residual: str = "step", exact_steps: bool = False):
         _check_options(max_iter, tol, on_fail)
         if not isinstance(check_every, int) or check_every < 1:
             raise ValueError(f"Invalid check_every: {check_every}")
+        if residual not in ("step", "exact"):
+            raise ValueError(f"Invalid residual: {residual!r}; choose 'step' or 'exact'")
         self.max_iter, self.tol, self.check_every, self.on_fail = max_iter, tol, check_every, on_fail
-        self._spectral = _SpectralCache()
+        self.residual, self.exact_steps = residual, exact_steps
+        self._lambda = _LambdaCache()
 
     def steps(self, problem: LiftedProblem) -> list[float]:
         """Step sizes ``t_k`` for hidden layers ``k = 1 … L−1``."""
@@ -266,36 +300,34 @@ class BlockProjectedGradient(Solver):
             if k == problem.depth - 1 and problem.n_clamped == 0:
                 out.append(1.0)   # a free output is eliminated: the top block's Hessian is w_k I
             else:
-                out.append(2.0 / (2.0 + rho * 1.1 * self._spectral(e.weights[k])))
+                out.append(2.0 / (2.0 + rho * 1.1 * self._lambda(e.weights[k], self.exact_steps)))
         return out
 
-    def _solve(self, problem, hidden):
+    def _solve(self, problem, hidden, pre):
         e, L = problem.energy, problem.depth
         t = self.steps(problem)
-        a = [None, problem.a1] + [None] * (L - 1)
-        for k in range(2, L + 1):
-            a[k] = e.pre(k, hidden[k - 2])
-        units = [None] + list(e.units)
+        alpha = [t[k - 1] * e.feedback(k) for k in range(1, L)]
+        a = pre
+        project = [u.project for u in e.units]
         it, move = 0, math.inf
         for it in range(1, self.max_iter + 1):
             check = self.tol is not None and (it % self.check_every == 0 or it == self.max_iter)
             move = 0.0
             for k in range(1, L):
                 z = hidden[k - 1]
-                if k < L - 1:
-                    r = hidden[k] - a[k + 1]
-                else:
-                    r = problem.top_residual(a[L])
-                base = z.lerp(a[k], t[k - 1])
-                new = base if r is None else torch.addmm(base, r, e.weights[k], alpha=t[k - 1] * e.feedback(k))
-                new = units[k].project(new)
+                r = hidden[k] - a[k + 1] if k < L - 1 else problem.top_residual(a[L])
+                new = z.lerp(a[k], t[k - 1])
+                if r is not None:
+                    new = torch.addmm(new, r, e.weights[k], alpha=alpha[k - 1])
+                new = project[k - 1](new)
                 if check:
                     move = max(move, float((new - z).abs().max()) / t[k - 1])
                 hidden[k - 1] = new
                 a[k + 1] = e.pre(k + 1, new)
             if check and move <= self.tol:
                 break
-        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail)
+        res = move if (self.residual == "step" and self.tol is not None) else None
+        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
 
 
 class ReferenceSolver(Solver):
@@ -316,17 +348,21 @@ class ReferenceSolver(Solver):
     """
 
     name = "reference"
+    in_place = False
 
     def __init__(self, sweeps: int = 5000, newton_steps: int = 30, tol: float = 1e-9, on_fail: str = "raise"):
         _check_options(sweeps, tol, on_fail)
         self.sweeps, self.newton_steps, self.tol, self.on_fail = sweeps, newton_steps, tol, on_fail
 
-    def _solve(self, problem, hidden):
+    def _solve(self, problem, hidden, pre):
         dtype = problem.x.dtype
         p64 = problem.to(torch.float64)
         h64 = [z.to(torch.float64) for z in hidden]
-        bpg = BlockProjectedGradient(max_iter=self.sweeps, tol=1e-10, check_every=10, on_fail="ignore")
-        h64, info = bpg._solve(p64, h64)
+        pre64 = [None] + [a.to(torch.float64) for a in pre[1:]]
+        pre64[1] = p64.a1
+        bpg = BlockProjectedGradient(max_iter=self.sweeps, tol=1e-10, check_every=10, on_fail="ignore",
+                                     residual="exact", exact_steps=True)
+        h64, info = bpg._solve(p64, h64, pre64)
         h64, n_newton = self._polish(p64, h64)
         res = float(p64.residuals(h64).max())
         info = _finish(self.name, p64, h64, info.iterations + n_newton, self.tol, self.on_fail, residual=res)
@@ -362,8 +398,10 @@ class ReferenceSolver(Solver):
             z = torch.where(better.unsqueeze(1), cand, z)
             if not bool(better.any()):
                 # the Newton step failed everywhere (wrong active set): a few more sweeps, then retry
-                bpg = BlockProjectedGradient(max_iter=50, tol=None, on_fail="ignore")
-                z = torch.cat(bpg._solve(p, split(z))[0], dim=1)
+                bpg = BlockProjectedGradient(max_iter=50, tol=None, on_fail="ignore", exact_steps=True)
+                hs = split(z)
+                pre = [None, p.a1] + [e.pre(k, hs[k - 2]) for k in range(2, p.depth + 1)]
+                z = torch.cat(bpg._solve(p, hs, pre)[0], dim=1)
         return split(z), steps
 
 

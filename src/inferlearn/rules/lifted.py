@@ -1,0 +1,75 @@
+"""Standard lifted training (J_0): the gradient of the clamped energy at its minimiser.
+
+    J_0(W) / γ^{L-1} = (1 / (B γ^{L-1})) Σ_i min_z Ê(z; x_i, y_i),
+    ∇_{W_k} = γ^k / (B γ^{L-1}) Σ_i (W_k ẑ_k + b_k − ẑ_{k+1}) ẑ_kᵀ          (envelope theorem)
+
+Minimising ``J_0`` jointly with the activations is the classic lifted (MAC-like) training. Its
+stationarity condition forces every unit with non-zero input to behave linearly (MATH.md §A, "why
+J_0 fails"), so networks drift to (almost) linear ones and reach about linear regression's accuracy.
+
+References:
+    Zach & Estellers, "Contrastive learning for lifted networks" (BMVC 2019), Eqs. 6-8 and Sec. 5.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..energies import LiftedEnergy, check_gamma
+from ..losses import one_hot, quadratic_loss
+from ..solvers import DEFAULT_SOLVER
+from .base import Rule, StepInfo, check_positive, register_rule
+from .contrastive import apply_energy_grads, info_extras, solver_from_options
+
+
+@register_rule
+@dataclass
+class LiftedJ0(Rule):
+    """Standard lifted training: gradient of the clamped energy ``Ê`` at its minimiser, / ``γ^{L-1}``.
+
+    Args:
+        gamma: feedback weight ``γ > 0`` (paper: 1/8).
+        solver, max_iter, tol, on_fail: as for :class:`~inferlearn.rules.contrastive.Contrastive`.
+        warmup_epochs: number of first epochs trained with a smaller learning rate.
+        warmup_scale: the learning-rate multiplier during those epochs (``lr_scale``).
+
+    Note:
+        The paper says only that "the first epochs utilized a smaller learning rate" for standard
+        lifted training; the number of epochs and the factor are not given. Dividing by ``γ^{L-1}``
+        (as for contrastive learning) makes the top layer's gradient back-propagation-sized, but the
+        lower layers' J_0 gradients are ``γ^{k-L+1}`` times larger (their residuals do not cancel
+        against a free phase), which is why a smaller rate is needed at first. The defaults (5
+        epochs at 1/10) were chosen so that training does not diverge on Table 1 (see README).
+    """
+
+    name = "lifted-j0"
+    gamma: float = 1 / 8
+    solver: str = DEFAULT_SOLVER
+    max_iter: int | None = None
+    tol: float | None = None
+    on_fail: str = "warn"
+    warmup_epochs: int = 5
+    warmup_scale: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_gamma(self.gamma)
+        if not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
+            raise ValueError(f"Invalid warmup_epochs: {self.warmup_epochs}")
+        check_positive("warmup_scale", self.warmup_scale)
+        self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
+
+    def lr_scale(self, epoch: int) -> float:
+        """``warmup_scale`` for the first ``warmup_epochs`` epochs (0-based ``epoch``), then 1."""
+        return self.warmup_scale if epoch < self.warmup_epochs else 1.0
+
+    def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        energy = LiftedEnergy.from_model(model, self.gamma)
+        B, L = x.shape[0], energy.depth
+        y = one_hot(labels, energy.sizes[-1], x.dtype)
+        problem = energy.problem(x, y, check=False)   # x was validated by Rule.backward
+        output = problem.forward_state()[1][L]
+        hidden, info = self._solver.solve(problem)
+        apply_energy_grads(model, energy.weight_grads(problem.full(hidden), 1.0 / (B * energy.term_weights[L])))
+        return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=info_extras(info))
