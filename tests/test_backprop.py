@@ -8,13 +8,16 @@ from inferlearn.rules import BackProp, LinearRegression, least_squares_fit
 
 @pytest.mark.parametrize("act", ["relu", "hard-sigmoid", "hard-tanh", "linear"])
 @pytest.mark.parametrize("loss", ["quadratic", "cross-entropy"])
-def test_backprop_matches_float64_autograd(act, loss):
-    """Guards against a wrong loss scaling (sum vs mean, missing ½) or a wrong activation in the rule."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_backprop_matches_float64_autograd(act, loss, fused):
+    """Guards against a wrong loss scaling (sum vs mean, missing ½), a wrong activation, or a wrong
+    mask at the kinks in the fused hand-written backward."""
     torch.manual_seed(0)
     model = MLP("7-6-5-4", act, seed=1, dtype=torch.float64)
     x = torch.randn(9, 7, dtype=torch.float64)
     labels = torch.randint(0, 4, (9,))
-    BackProp(loss=loss).backward(model, x, labels)
+    x[0] = 0.0  # with zero biases, sample 0 sits exactly at the kinks: exercises the mask convention
+    BackProp(loss=loss, fused=fused).backward(model, x, labels)
 
     params = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
     z = x

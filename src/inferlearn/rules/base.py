@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..losses import check_labels
+from ..models import has_only_finite
 
 
 @dataclass
@@ -48,11 +49,16 @@ class StepInfo:
     extras: dict = dataclasses.field(default_factory=dict)
 
 
-def accumulate_grad(param: nn.Parameter, grad: torch.Tensor) -> None:
-    """Add ``grad`` to ``param.grad`` (creating it), as autograd does."""
+def accumulate_grad(param: nn.Parameter, grad: torch.Tensor, owned: bool = False) -> None:
+    """Add ``grad`` to ``param.grad`` (creating it), as autograd does.
+
+    Args:
+        owned: ``grad`` is a fresh tensor that nobody else holds, so it may become ``param.grad``
+            without a copy (hot paths).
+    """
     grad = grad.detach().to(param.dtype)
     if param.grad is None:
-        param.grad = grad.clone()
+        param.grad = grad if owned else grad.clone()
     else:
         param.grad.add_(grad)
 
@@ -70,7 +76,7 @@ class Rule(abc.ABC):
         """Validate the batch, then accumulate the rule's gradient into ``.grad`` of ``model``."""
         if hasattr(model, "check_input"):
             model.check_input(x)
-        elif not torch.isfinite(x).all():
+        elif not has_only_finite(x):
             raise ValueError("Input contains NaN or inf values")
         n_out = getattr(model, "out_features", None)
         if n_out is not None:
