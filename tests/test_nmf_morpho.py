@@ -36,6 +36,14 @@ def test_slant_sign_and_deslanted_width():
 def test_median_split_uses_given_medians():
     """Test-set labels must use the training medians, not their own."""
     lab, med = binary_attributes({"t": np.array([1.0, 2.0, 3.0])})
-    assert med == {"t": 2.0} and lab["t"].tolist() == [0, 0, 1]
+    assert med == {"t": (2.0, False)} and lab["t"].tolist() == [0, 0, 1]
     lab2, _ = binary_attributes({"t": np.array([0.0, 2.5])}, med)
     assert lab2["t"].tolist() == [0, 1]
+
+
+def test_median_split_with_ties_stays_balanced():
+    """Heights of size-normalised digits tie at the median; the split must not put (almost) all
+    samples in one class, which would make a probe's accuracy meaningless."""
+    lab, med = binary_attributes({"h": np.array([18.0, 19.0, 20.0, 20.0, 20.0, 20.0, 20.0, 20.0])})
+    assert med["h"] == (20.0, True)
+    assert lab["h"].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]

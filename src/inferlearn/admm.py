@@ -636,9 +636,11 @@ def random_shift(max_shift: int, image_shape: Sequence[int]) -> Callable:
         shifts = torch.randint(-max_shift, max_shift + 1, (x.shape[0], 2), generator=generator)
         p = max_shift
         padded = F.pad(img, (p, p, p, p))
-        out = torch.empty_like(img)
-        for i, (dy, dx) in enumerate(shifts.tolist()):
-            out[i] = padded[i, :, p + dy:p + dy + H, p + dx:p + dx + W]
+        # Gather each shifted window with one advanced-indexing call (no per-image Python loop).
+        rows = p + shifts[:, :1] + torch.arange(H)  # (B, H)
+        cols = p + shifts[:, 1:] + torch.arange(W)  # (B, W)
+        b = torch.arange(x.shape[0])[:, None, None]
+        out = padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
         return out.reshape(x.shape) if flat else out
 
     return transform

@@ -76,7 +76,17 @@ def morpho_attributes(images: torch.Tensor | np.ndarray, image_shape=(28, 28), t
 def binary_attributes(attrs: dict, medians: dict | None = None) -> tuple[dict, dict]:
     """Threshold each attribute at its median (from ``medians``, e.g. the training set's, if given).
 
-    Returns ``(labels, medians)`` with labels as int64 arrays (1 = above the median).
+    Label 1 means ``value > median``; when many values equal the median (MNIST digits are
+    size-normalised, so heights cluster at 20 px), ``value ≥ median`` is used instead if that split is
+    more balanced on the data the medians come from. Returns ``(labels, thresholds)``, where a
+    threshold is ``(median, inclusive)``; pass the thresholds back to label test data identically.
     """
-    medians = medians or {k: float(np.median(v)) for k, v in attrs.items()}
-    return {k: (v > medians[k]).astype(np.int64) for k, v in attrs.items()}, medians
+    if medians is None:
+        medians = {}
+        for k, v in attrs.items():
+            med = float(np.median(v))
+            strict, incl = (v > med).mean(), (v >= med).mean()
+            medians[k] = (med, bool(abs(incl - 0.5) < abs(strict - 0.5) - 1e-9))
+    labels = {k: ((v >= medians[k][0]) if medians[k][1] else (v > medians[k][0])).astype(np.int64)
+              for k, v in attrs.items()}
+    return labels, medians
