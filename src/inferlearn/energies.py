@@ -326,8 +326,12 @@ class LiftedProblem:
     def output(self, z_top_hidden: torch.Tensor) -> torch.Tensor:
         """The optimal / clamped output ``z_L`` given ``z_{L-1}``."""
         a = self.energy.pre(self.depth, z_top_hidden)
-        r = self.top_residual(a)
-        return a if r is None else a + r
+        if self.n_clamped == 0:
+            return a if self._free_res is None else a + self._free_res
+        if self._clamp_col is None:
+            return self.target   # exactly y, not a + (y − a)
+        free = a if self._free_res is None else a + self._free_res
+        return torch.where(self.clamped.unsqueeze(1), self.target, free)
 
     def full(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``[x, z_1, …, z_{L-1}, z_L]`` with the output eliminated or clamped."""

@@ -229,6 +229,8 @@ class _LambdaCache:
 
     def __call__(self, W: torch.Tensor, exact: bool = False) -> float:
         if exact:
+            if not bool(torch.isfinite(W).all()):
+                raise ConvergenceError("Non-finite weights: cannot solve the inference problem")
             return float(torch.linalg.matrix_norm(W.double(), ord=2)) ** 2
         key = (W.data_ptr(), tuple(W.shape), W.dtype)
         hit = self._store.get(key)
@@ -300,7 +302,10 @@ class BlockProjectedGradient(Solver):
             if k == problem.depth - 1 and problem.n_clamped == 0:
                 out.append(1.0)   # a free output is eliminated: the top block's Hessian is w_k I
             else:
-                out.append(2.0 / (2.0 + rho * 1.1 * self._lambda(e.weights[k], self.exact_steps)))
+                lam = self._lambda(e.weights[k], self.exact_steps)
+                if not math.isfinite(lam):
+                    raise ConvergenceError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
+                out.append(2.0 / (2.0 + rho * 1.1 * lam))
         return out
 
     def _solve(self, problem, hidden, pre):
