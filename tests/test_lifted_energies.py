@@ -182,9 +182,11 @@ def test_rules_registry_options_and_lr_schedule():
 def test_lifted_j0_gradient_is_clamped_energy_gradient():
     """Guards against J_0 using the free phase or a wrong scale: it is ∇ mean Ê / γ^{L-1}."""
     model, e, x, labels = _setup("relu", seed=6)
-    got = rule_gradients(LiftedJ0(gamma=0.5, solver="reference"), model, x, labels)
+    glob = rule_gradients(LiftedJ0(gamma=0.5, solver="reference", scaling="global"), model, x, labels)
+    layer = rule_gradients(LiftedJ0(gamma=0.5, solver="reference"), model, x, labels)
     p = e.problem(x, one_hot(labels, 3, torch.float64))
     hidden, _ = ReferenceSolver().solve(p)
     for k, (gw, gb) in enumerate(e.weight_grads(p.full(hidden), 1 / (6 * 0.5 ** 3))):
-        torch.testing.assert_close(got[f"layers.{k}.weight"], gw)
-        torch.testing.assert_close(got[f"layers.{k}.bias"], gb)
+        torch.testing.assert_close(glob[f"layers.{k}.weight"], gw)
+        torch.testing.assert_close(glob[f"layers.{k}.bias"], gb)
+        torch.testing.assert_close(layer[f"layers.{k}.weight"], gw * 0.5 ** (3 - k))

@@ -13,6 +13,7 @@ COMMANDS = [
     "inferlearn.commands.compare",
     "inferlearn.commands.data",
     "inferlearn.commands.admm",
+    "inferlearn.commands.reproduce",
 ]
 
 

@@ -1,0 +1,42 @@
+"""``inferlearn reproduce lifted --table N``: the tables of the lifted-network paper."""
+from __future__ import annotations
+
+import shlex
+import sys
+
+from ..reproduce_lifted import ACTS, ROWS, TABLES, reproduce_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("reproduce", help="reproduce a paper's tables (lifted: Zach & Estellers 2019, Tables 1-4)")
+    p.add_argument("paper", choices=["lifted"], help="which paper")
+    p.add_argument("--table", type=int, required=True, choices=sorted(TABLES), help="table number")
+    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the paper's, 100 or 50)")
+    p.add_argument("--acts", default=",".join(ACTS), help="comma-separated unit types (default %(default)s)")
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rules (default: all four rows)")
+    p.add_argument("--gamma", type=float, default=1 / 8, help="feedback weight (default 1/8)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 1/20)")
+    p.add_argument("--batch-size", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--solver", default=None, help="inference solver of the lifted rules: block-pg (default), cd, reference")
+    p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", default="runs/reproduce_lifted", help="output folder (default %(default)s)")
+    p.add_argument("--progress", action="store_true", help="show progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.epochs is not None and args.epochs < 1:
+        raise ValueError(f"Invalid epochs: {args.epochs}")
+    if not args.gamma > 0:
+        raise ValueError(f"Invalid gamma: {args.gamma}")
+    md = reproduce_table(args.table, args.out, epochs=args.epochs,
+                         acts=[a.strip() for a in args.acts.split(",") if a.strip()],
+                         rows=[r.strip() for r in args.rows.split(",") if r.strip()], gamma=args.gamma, lr=args.lr,
+                         batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
+                         limit_train=args.limit_train, solver=args.solver,
+                         command="inferlearn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                         progress=args.progress)
+    print(md)
+    return 0
