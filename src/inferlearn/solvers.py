@@ -248,12 +248,14 @@ class BlockProjectedGradient(Solver):
     its block, with the other layers fixed and its pre-activation ``a_k`` fresh from the layer below::
 
         z_k ← Π_{C_k}( z_k − t_k [(z_k − a_k) + ρ_k W_kᵀ (W_k z_k + b_k − z_{k+1})] )
-        t_k = 2 / (2 + ρ_k · 1.1 λ̂_k),   λ̂_k ≈ λ_max(W_kᵀW_k)
+        t_k = min(ω · 2 / (2 + ρ_k Λ_k), 1.9 / (1 + ρ_k Λ_k)),   Λ_k = 1.1 λ̂_k ≈ λ_max(W_kᵀW_k)
 
-    ``t_k`` is the step minimising the contraction factor of the block (the eigenvalues of its
-    scaled Hessian lie in ``[1, 1 + ρ_k λ_max]``) and stays below the descent limit
-    ``2/(1 + ρ_k λ_max)``, so every step decreases the energy: block coordinate gradient descent on
-    a strongly convex QP converges (Tseng & Yun 2009). A free output is eliminated, so the top
+    ``2 / (2 + ρ_k λ_max)`` is the step minimising the contraction factor of the block (the
+    eigenvalues of its scaled Hessian lie in ``[1, 1 + ρ_k λ_max]``); ``ω = 1.2`` over-relaxes it
+    (as in SOR: the layers are coupled, and over-relaxed block Gauss-Seidel needs fewer sweeps --
+    measured 6-7 instead of 9-10 for ``tol = 1e-5``; ω = 1.4 is already worse), and the cap keeps
+    every step below the descent limit ``2/(1 + ρ_k λ_max)``, so every step decreases the energy:
+    block coordinate gradient descent on a strongly convex QP converges (Tseng & Yun 2009). A free output is eliminated, so the top
     block of a free row is ``w_k I`` and its step is exact (``t = 1``). The updated layer's forward
     product ``a_{k+1}`` is what the next layer needs, so a sweep costs about one forward and one
     backward pass over the hidden layers (``W_0`` is not involved: the input is fixed).
@@ -273,6 +275,7 @@ class BlockProjectedGradient(Solver):
             iteration; ``"exact"`` evaluates :meth:`LiftedProblem.residuals` at the returned point
             (one more gradient evaluation).
         exact_steps: compute ``λ_max`` by SVD for every call instead of tracking it.
+        relaxation: the over-relaxation factor ``ω ∈ (0, 2)`` (1 = plain block steps).
 
     Note:
         Not in the paper, which uses unit-wise coordinate descent (:class:`CoordinateDescent`); both
@@ -283,8 +286,11 @@ class BlockProjectedGradient(Solver):
     in_place = False
 
     def __init__(self, max_iter: int = 100, tol: float | None = 1e-5, check_every: int = 2, on_fail: str = "warn",
-                 residual: str = "step", exact_steps: bool = False):
+                 residual: str = "step", exact_steps: bool = False, relaxation: float = 1.2):
         _check_options(max_iter, tol, on_fail)
+        if not (isinstance(relaxation, (int, float)) and 0 < relaxation < 2):
+            raise ValueError(f"Invalid relaxation: {relaxation}")
+        self.relaxation = float(relaxation)
         if not isinstance(check_every, int) or check_every < 1:
             raise ValueError(f"Invalid check_every: {check_every}")
         if residual not in ("step", "exact"):
@@ -305,7 +311,8 @@ class BlockProjectedGradient(Solver):
                 lam = self._lambda(e.weights[k], self.exact_steps)
                 if not math.isfinite(lam):
                     raise ConvergenceError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
-                out.append(2.0 / (2.0 + rho * 1.1 * lam))
+                lam = 1.1 * lam   # power iteration approaches λ_max from below
+                out.append(min(self.relaxation * 2.0 / (2.0 + rho * lam), 1.9 / (1.0 + rho * lam)))
         return out
 
     def _solve(self, problem, hidden, pre):
