@@ -50,7 +50,7 @@ def run_bp(net, X, Y, Xt, Yt, epochs, opt_name, lr, bs, seed):
         for a in range(0, len(X), bs):
             idx = perm[a:a + bs]
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(net(X[idx]), Y[idx]).backward()
+            F.cross_entropy(net(X.index_select(0, idx)), Y.index_select(0, idx)).backward()
             opt.step()
         times.append(time.perf_counter() - t0)
         accs.append(accuracy(net, Xt, Yt))

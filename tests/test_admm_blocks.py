@@ -12,6 +12,7 @@ def test_split_shares_modules_and_forward_matches():
     net = conv_net(seed=0)
     blocks = split_sequential(net, [3, 6])
     assert [len(b) for b in blocks] == [3, 3, 2]
+    assert default_split_points(net) == [2, 5]
     assert blocks[0][0] is net[0]
     x = torch.rand(4, 1, 28, 28)
     torch.testing.assert_close(forward_blocks(blocks, x), net(x), rtol=0, atol=0)
@@ -19,9 +20,11 @@ def test_split_shares_modules_and_forward_matches():
 
 
 def test_default_split_points():
-    """Guards against default splits that separate an activation from its layer or a pool from its conv."""
-    assert default_split_points(mlp("784-32-32-10")) == [3, 5]
-    assert default_split_points(conv_net()) == [3, 6]
+    """Default splits put the decoupling variables at pre-activations (unconstrained range) and keep a
+    pool with its conv; guards against splits after a ReLU/sigmoid (targets out of the block's range)."""
+    assert default_split_points(mlp("784-32-32-10")) == [2, 4]
+    assert default_split_points(conv_net()) == [2, 5]
+    assert default_split_points([nn.Linear(3, 3), nn.Sigmoid()]) == []  # a trailing activation stays
 
 
 @pytest.mark.parametrize("points, msg", [([0], "Invalid split point 0"), ([6], "Invalid split point 6"),

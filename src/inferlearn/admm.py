@@ -272,13 +272,18 @@ class BlockADMM:
         for a in range(0, n, cs):
             yield a, min(a + cs, n)
 
+    @staticmethod
+    def _take(src: torch.Tensor, sl) -> torch.Tensor:
+        # index_select is several times faster than advanced indexing for row gathers on CPU.
+        return src[sl] if isinstance(sl, slice) else src.index_select(0, sl)
+
     def _get(self, t: int, sl) -> torch.Tensor:
-        """``Z_t`` of the samples ``sl`` on the compute device (``Z_0 = X``)."""
+        """``Z_t`` of the samples ``sl`` (a slice or an index tensor) on the compute device (``Z_0 = X``)."""
         src = self.X if t == 0 else self.Z[t - 1]
-        return src[sl].to(self.device, self.dtype)
+        return self._take(src, sl).to(self.device, self.dtype)
 
     def _u(self, t: int, sl) -> torch.Tensor:
-        return self.U[t - 1][sl].to(self.device, self.dtype)
+        return self._take(self.U[t - 1], sl).to(self.device, self.dtype)
 
     def _put(self, store: torch.Tensor, sl, value: torch.Tensor) -> None:
         store[sl] = value.detach().to(store.device, store.dtype)
@@ -338,7 +343,7 @@ class BlockADMM:
             inp = self._get(t - 1, idx)
             out = blk(inp)
             if t == self.T:
-                total = total + _loss_sum(self.cfg.loss, out, self.Y[idx].to(out.device)) / len(idx)
+                total = total + _loss_sum(self.cfg.loss, out, self._take(self.Y, idx).to(out.device)) / len(idx)
             else:
                 r = self._get(t, idx) - out + self._u(t, idx)
                 total = total + 0.5 * self.beta[t - 1] * _sqnorm_rows(r).mean()

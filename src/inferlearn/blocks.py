@@ -9,7 +9,7 @@ together, failing early with a message that names the offending block and shapes
 Example::
 
     net = conv_net()                              # an ordinary nn.Sequential
-    blocks = split_sequential(net, [4, 8])        # three blocks: net[0:4], net[4:8], net[8:]
+    blocks = split_sequential(net, [2, 5])        # three blocks: net[0:2], net[2:5], net[5:]
     shapes = check_blocks(blocks, (1, 28, 28))    # [(16, 14, 14), (32, 7, 7), (10,)]
 
 References:
@@ -56,41 +56,43 @@ def mlp(sizes: str | Sequence[int], act: str = "relu", seed: int | None = 0,
 def conv_net(channels: Sequence[int] = (16, 32), n_classes: int = 10, in_channels: int = 1,
              image_size: int = 28, act: str = "relu", seed: int | None = 0,
              dtype: torch.dtype = torch.float32) -> nn.Sequential:
-    """A small conv net: per stage ``Conv3x3 → act → MaxPool2``, then ``Flatten → Linear``.
+    """A small conv net: per stage ``Conv3x3 → MaxPool2 → act``, then ``Flatten → Linear``.
 
-    For MNIST with the defaults: ``(1,28,28) → (16,14,14) → (32,7,7) → 10``. Module indices of
-    stage ``s`` are ``3s … 3s+2``, so ``split_sequential(net, [3, 6])`` gives one block per stage
-    and one for the classifier.
+    For MNIST with the defaults: ``(1,28,28) → (16,14,14) → (32,7,7) → 10``. The activation comes
+    after the pooling (for ReLU, and any non-decreasing activation, ``act(maxpool(a)) =
+    maxpool(act(a))``, so this is the usual net) so that a split before the activation leaves a
+    pooled, 4× smaller decoupling variable. Stage ``s`` occupies module indices ``3s … 3s+2``.
     """
     if seed is not None:
         torch.manual_seed(seed)
     layers: list[nn.Module] = []
     c_in, size = in_channels, image_size
     for c in channels:
-        layers += [nn.Conv2d(c_in, c, 3, padding=1, dtype=dtype), _activation(act), nn.MaxPool2d(2)]
+        layers += [nn.Conv2d(c_in, c, 3, padding=1, dtype=dtype), nn.MaxPool2d(2), _activation(act)]
         c_in, size = c, size // 2
     layers += [nn.Flatten(), nn.Linear(c_in * size * size, n_classes, dtype=dtype)]
     return nn.Sequential(*layers)
 
 
 def default_split_points(net: nn.Sequential | Sequence[nn.Module]) -> list[int]:
-    """Split after every activation or pooling module that follows a weight layer.
+    """Split *before* every activation that follows a weight layer (and its pooling).
 
-    For ``mlp("784-64-64-10")`` this is one block per weight layer; for :func:`conv_net` one block
-    per conv stage (the split comes after the pooling) plus the classifier.
+    The decoupling variables ``Z_t`` are then pre-activations, whose range is unconstrained. Were
+    ``Z_t`` a ReLU or sigmoid output, the ``Z`` update could move targets out of the block's range
+    (e.g. below 0 for ReLU); the block could never close that residual and the dual ``U_t`` would
+    integrate it without bound (we saw block-ADMM runs collapse this way after a few epochs).
+    For ``mlp("784-64-64-10")`` the blocks are ``[Flatten, Linear]``, ``[ReLU, Linear]``,
+    ``[ReLU, Linear]``; for :func:`conv_net` ``[Conv, Pool]``, ``[ReLU, Conv, Pool]``,
+    ``[ReLU, Flatten, Linear]``.
     """
     modules = list(net)
+    acts = tuple(a for a in ACTIVATIONS.values() if a is not nn.Identity)
     points, seen_weights = [], False
-    for i, m in enumerate(modules[:-1]):
+    for i, m in enumerate(modules):
         if any(p.requires_grad for p in m.parameters(recurse=True)):
             seen_weights = True
-            continue
-        nxt = modules[i + 1]
-        is_act = isinstance(m, tuple(ACTIVATIONS.values())) and not isinstance(m, nn.Identity)
-        if seen_weights and (is_act or isinstance(m, (nn.MaxPool2d, nn.AvgPool2d))):
-            if isinstance(nxt, (nn.MaxPool2d, nn.AvgPool2d)):
-                continue  # keep the pooling with its conv stage
-            points.append(i + 1)
+        elif seen_weights and isinstance(m, acts) and 0 < i < len(modules) - 1:
+            points.append(i)
             seen_weights = False
     return points
 

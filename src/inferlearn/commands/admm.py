@@ -91,9 +91,15 @@ def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
         k = args.nmf_after
         if not 1 <= k <= len(blocks) - 1:
             raise ValueError(f"Invalid --nmf-after {k}: must lie in 1..{len(blocks) - 1} (between two blocks)")
+        nxt = blocks[k]
+        if len(nxt) > 1 and isinstance(nxt[0], tuple(ACTIVATIONS.values())):
+            # NMF factorises non-negative activations: move the activation that starts the next
+            # block (default splits are at pre-activations) to the end of block k.
+            blocks[k - 1] = torch.nn.Sequential(*blocks[k - 1], nxt[0])
+            blocks[k] = nxt = torch.nn.Sequential(*list(nxt)[1:])
+            shapes = check_blocks(blocks, image_shape)
         n = int(torch.tensor(shapes[k - 1]).prod())
         nmf = NMF(n, args.nmf_rank, seed=args.seed)
-        nxt = blocks[k]
         first = next(m for m in nxt.modules() if isinstance(m, torch.nn.Linear))
         # The next block sees only S (rank r): replace its first linear layer's input width.
         if first.in_features != n:
