@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 
 from ..reproduce_lifted import ACTS, ROWS, TABLES, reproduce_table
 
@@ -36,7 +35,20 @@ def run(args) -> int:
                          rows=[r.strip() for r in args.rows.split(",") if r.strip()], gamma=args.gamma, lr=args.lr,
                          batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
                          limit_train=args.limit_train, solver=args.solver,
-                         command="inferlearn " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                         command=_command(args),
                          progress=args.progress)
     print(md)
     return 0
+
+
+def _command(args) -> str:
+    """The command line that reproduces this run, with every setting explicit."""
+    parts = ["inferlearn", "reproduce", "lifted", "--table", str(args.table)]
+    if args.epochs is not None:
+        parts += ["--epochs", str(args.epochs)]
+    for flag, value in (("--acts", args.acts), ("--rows", args.rows), ("--gamma", f"{args.gamma:g}"),
+                        ("--lr", f"{args.lr:g}"), ("--batch-size", str(args.batch_size)), ("--seed", str(args.seed)),
+                        ("--solver", args.solver), ("--limit-train", args.limit_train), ("--out", args.out)):
+        if value is not None:
+            parts += [flag, str(value)]
+    return " ".join(shlex.quote(p) for p in parts)

@@ -1,0 +1,44 @@
+"""``inferlearn reproduce lifted``: the table pipeline end to end (shortened), and its bad input."""
+from __future__ import annotations
+
+import pytest
+
+from inferlearn.cli import main
+
+
+def test_reproduce_table1_shortened(mnist_dir, tmp_path, capsys):
+    """Guards against a table that silently drops rows, mislabels columns or skips pictures: all four
+    rows trained from the same seed, a Markdown table with the exact command, curves and filters."""
+    out = tmp_path / "r"
+    assert main(["reproduce", "lifted", "--table", "1", "--epochs", "1", "--limit-train", "300", "--acts", "relu",
+                 "--data-dir", mnist_dir, "--out", str(out)]) == 0
+    md = (out / "table1" / "table1.md").read_text()
+    for row in ("back-propagation", "contrastive (J_1)", "standard lifted (J_0)", "linear regression"):
+        assert f"| {row} |" in md
+    assert "relu train | relu test | relu active" in md and "1 epochs (paper: 100)" in md
+    assert "inferlearn reproduce lifted --table 1 --epochs 1" in md
+    assert (out / "table1" / "filters_relu.png").stat().st_size > 1000
+    assert (out / "table1" / "curves_relu.png").stat().st_size > 1000
+    assert "| back-propagation |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--table", "5"], "invalid choice"),
+    (["--table", "1", "--gamma", "0"], "Invalid gamma: 0"),
+    (["--table", "1", "--rows", "magic"], "Unknown row 'magic'"),
+    (["--table", "1", "--acts", "softplus"], "Unknown unit type 'softplus'"),
+])
+def test_reproduce_bad_input(argv, msg, tmp_path, capsys):
+    """Guards against invalid settings starting a long run or failing with a traceback."""
+    with pytest.raises(SystemExit) if "invalid choice" in msg else _nullcontext():
+        rc = main(["reproduce", "lifted", *argv, "--epochs", "1", "--out", str(tmp_path / "x")])
+        assert rc == 2
+    assert msg in capsys.readouterr().err
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
