@@ -149,3 +149,19 @@ def test_online_scalar_dual_update():
     assert tr.Z == [] and tr.U == []
     assert m["h_1"] > 0
     assert math.isclose(tr.lam[0], 2.0 * m["h_1"], rel_tol=1e-6)
+
+
+def test_random_shift_moves_pixels_by_drawn_offsets():
+    """The vectorised augmentation must equal a per-image crop of the zero-padded image at the
+    drawn offsets (same generator draws), for flat and image-shaped input. Guards against swapped
+    row/column offsets or a gather that mixes images."""
+    from inferlearn.admm import random_shift
+
+    x = torch.rand(6, 2, 5, 7)
+    out = random_shift(2, (2, 5, 7))(x, torch.Generator().manual_seed(4))
+    shifts = torch.randint(-2, 3, (6, 2), generator=torch.Generator().manual_seed(4))
+    pad = F.pad(x, (2, 2, 2, 2))
+    ref = torch.stack([pad[i, :, 2 + dy:7 + dy, 2 + dx:9 + dx] for i, (dy, dx) in enumerate(shifts.tolist())])
+    assert torch.equal(out, ref)
+    flat = random_shift(2, (2, 5, 7))(x.reshape(6, -1), torch.Generator().manual_seed(4))
+    assert torch.equal(flat, ref.reshape(6, -1))

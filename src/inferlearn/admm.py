@@ -34,7 +34,9 @@ block, so no per-sample memory.
 **Adaptive penalty** (after Shi et al. 2017): after the primal steps of iteration ``k`` let
 ``h_k = sqrt(Σ_t mean_i ‖r_{t,i}‖²)`` be the constraint error. If ``h_k ≤ η_k = η_0 · η_decay^k``
 the duals are updated and β kept; otherwise the duals are kept and ``β ← min(c β, β_max)``. Since
-``U = λ/β`` is the *scaled* dual, keeping ``λ`` means ``U ← U / c``. With ``primal_growth > 0`` the
+``U = λ/β`` is the *scaled* dual, keeping ``λ`` means ``U ← U / c``; ζ is divided by the same factor
+so that the ``Z`` step stays stable (ζβ < 2 for the quadratic term). In online mode the rule is applied
+per mini-batch with ``η_k`` indexed by the epoch. With ``primal_growth > 0`` the
 primal sub-problem is solved more accurately as ``k`` grows, as the convergence result requires.
 
 References:
@@ -45,8 +47,12 @@ Note:
     All blocks' Θ-terms of one mini-batch are summed and back-propagated with one ``backward()``;
     since the terms share no parameters and ``Z`` is detached, each block's gradient is exactly that
     of its own term (one autograd call instead of ``T``, the same update). In the online variant
-    the ``z`` steps move all ``z_t`` jointly (one forward/backward per step) and the dual update
-    uses ``h_t`` measured before the Θ step (it comes free with that step's forward pass).
+    the ``z`` steps move all ``z_t`` jointly (one forward/backward per step) with the safeguarded
+    step ``ζ_t / (1 + 2ζ_t(λ_t + ρ_t h_t))`` (the scalar duals only grow, and a fixed step diverges
+    once they are large), and the dual update uses ``h_t`` measured before the Θ step (it comes
+    free with that step's forward pass). Since ``h_t`` is a *squared* error, its gradient vanishes
+    at ``z = f(z)``: starting from the forward pass, the first ``z`` step moves only ``z_{T-1}``
+    and the signal reaches ``z_1`` after ``T-1`` steps, so use ``z_steps ≥ T-1``.
 """
 from __future__ import annotations
 
@@ -371,7 +377,7 @@ class BlockADMM:
                     opt.zero_grad(set_to_none=True)
             loss = self._theta_loss(idx)
             if not torch.isfinite(loss):
-                raise DivergenceError(f"non-finite block loss {float(loss)} in mini-batch {a // bs}")
+                raise DivergenceError(f"non-finite block loss {float(loss.detach())} in mini-batch {a // bs}")
             if loss.requires_grad:
                 loss.backward()
                 for opt in self.optimizers:
@@ -474,6 +480,7 @@ class BlockADMM:
             if grow:
                 new = min(self.beta[t - 1] * self.cfg.penalty_growth, self.cfg.beta_max)
                 self.U[t - 1].mul_(self.beta[t - 1] / new)  # keep λ = β U
+                self.zeta[t - 1] *= self.beta[t - 1] / new  # keep ζ_t β_t (< 2 for a stable Z step)
                 self.beta[t - 1] = new
             else:
                 for a, b in self._chunks(N):
@@ -521,9 +528,13 @@ class BlockADMM:
                 zs.append(self.blocks[t - 1](zs[-1]))
         for _ in range(self.cfg.z_steps if self.T > 1 else 0):
             vars_ = [z.detach().requires_grad_(True) for z in zs[1:]]
-            obj, _ = self._online_objective([x, *vars_], y, per_sample=True)
+            obj, hs = self._online_objective([x, *vars_], y, per_sample=True)
             grads = torch.autograd.grad(obj, vars_)
-            zs = [x] + [v.detach() - zeta * g for v, g, zeta in zip(vars_, grads, self.zeta)]
+            # Safeguarded step ζ/(1 + ζ c_t), c_t = 2(λ_t + ρ_t h_t) the per-sample curvature of the
+            # block's own penalty: the duals only grow, and a plain step ζ diverges once ζ c_t > 2.
+            steps = [zeta / (1 + zeta * 2 * (lam + rho * float(h.detach())))
+                     for zeta, lam, rho, h in zip(self.zeta, self.lam, self.beta, hs)]
+            zs = [x] + [v.detach() - step * g for v, g, step in zip(vars_, grads, steps)]
         hs = []
         obj = torch.zeros(())
         for _ in range(self.cfg.primal_steps):
@@ -531,7 +542,7 @@ class BlockADMM:
                 opt.zero_grad(set_to_none=True)
             obj, hs = self._online_objective(zs, y, per_sample=False)
             if not torch.isfinite(obj):
-                raise DivergenceError(f"non-finite online objective {float(obj)}")
+                raise DivergenceError(f"non-finite online objective {float(obj.detach())}")
             obj.backward()
             for opt in self.optimizers:
                 opt.step()
@@ -604,7 +615,7 @@ class BlockADMM:
         return {"iteration": self.iteration, "blocks": [b.state_dict() for b in self.blocks],
                 "optimizers": [o.state_dict() if o is not None else None for o in self.optimizers],
                 "Z": [z.clone() for z in self.Z], "U": [u.clone() for u in self.U], "beta": list(self.beta),
-                "lam": list(self.lam), "generator": self.generator.get_state(), "config": asdict(self.cfg)
+                "lam": list(self.lam), "zeta": list(self.zeta), "generator": self.generator.get_state(), "config": asdict(self.cfg)
                 if not callable(self.cfg.loss) else None}
 
     def load_state_dict(self, state: dict) -> None:
@@ -625,6 +636,7 @@ class BlockADMM:
         self.storage.flush()
         self.beta = [float(b) for b in state["beta"]]
         self.lam = [float(v) for v in state["lam"]]
+        self.zeta = [float(v) for v in state.get("zeta", self.zeta)]
         self.generator.set_state(state["generator"])
 
 
