@@ -323,9 +323,22 @@ class LiftedProblem:
             r = r + self._free_res
         return r
 
-    def output(self, z_top_hidden: torch.Tensor) -> torch.Tensor:
-        """The optimal / clamped output ``z_L`` given ``z_{L-1}``."""
-        a = self.energy.pre(self.depth, z_top_hidden)
+    def remember_pre(self, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor | None]) -> None:
+        """Cache the pre-activations ``pre[k] = a_k`` (k = 1 … L) of the point ``hidden`` (a solver's result)."""
+        self._pre_cache = (list(hidden), list(pre))
+
+    def pre_of(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+        """``[None, a_1, …, a_L]`` at ``hidden``: from the cache if ``hidden`` is the remembered point."""
+        cache = getattr(self, "_pre_cache", None)
+        if cache is not None and len(cache[0]) == len(hidden) and all(a is b for a, b in zip(cache[0], hidden)):
+            return cache[1]
+        zs = [self.x, *hidden]
+        return [None, self.a1] + [self.energy.pre(k, zs[k - 1]) for k in range(2, self.depth + 1)]
+
+    def output(self, z_top_hidden: torch.Tensor, a: torch.Tensor | None = None) -> torch.Tensor:
+        """The optimal / clamped output ``z_L`` given ``z_{L-1}`` (and optionally its ``a_L``)."""
+        if a is None:
+            a = self.energy.pre(self.depth, z_top_hidden)
         if self.n_clamped == 0:
             return a if self._free_res is None else a + self._free_res
         if self._clamp_col is None:
@@ -336,7 +349,7 @@ class LiftedProblem:
     def full(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``[x, z_1, …, z_{L-1}, z_L]`` with the output eliminated or clamped."""
         top = hidden[-1] if hidden else self.x
-        return [self.x, *hidden, self.output(top)]
+        return [self.x, *hidden, self.output(top, self.pre_of(hidden)[self.depth])]
 
     def forward_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         """The forward pass (cached): hidden layers ``z_k = Π_{C_k}(a_k)`` and pre-activations.
@@ -427,7 +440,7 @@ def contrastive_problem(energy: LiftedEnergy, x: torch.Tensor, target: torch.Ten
         raise ValueError(f"Target must have shape ({B}, {energy.sizes[-1]}); got {tuple(target.shape)}")
     if x.dim() != 2 or x.shape[1] != energy.sizes[0]:
         raise ValueError(f"Expected input of shape (batch, {energy.sizes[0]}), got {tuple(x.shape)}")
-    clamped = torch.cat([torch.zeros(B, dtype=torch.bool, device=x.device), torch.ones(B, dtype=torch.bool, device=x.device)])
+    clamped = torch.arange(2 * B, device=x.device) >= B
     a1 = energy.pre(1, x)
     p = LiftedProblem.__new__(LiftedProblem)
     p.energy, p.x, p.target, p.clamped, p.nudge, p.beta, p.check = (
@@ -437,7 +450,8 @@ def contrastive_problem(energy: LiftedEnergy, x: torch.Tensor, target: torch.Ten
     return p
 
 
-def contrastive_grads(energy: LiftedEnergy, zs: Sequence[torch.Tensor], scale: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def contrastive_grads(energy: LiftedEnergy, zs: Sequence[torch.Tensor], scale: float,
+                      pre: Sequence[torch.Tensor | None] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``scale · Σ_i [∇_W E(ẑ^{(i)}) − ∇_W E(ž^{(i)})]`` for the stacked layers of :func:`contrastive_problem`.
 
     Equal to :meth:`LiftedEnergy.weight_grads` with coefficients ``−scale`` (free rows, first half)
@@ -447,6 +461,7 @@ def contrastive_grads(energy: LiftedEnergy, zs: Sequence[torch.Tensor], scale: f
 
     Args:
         zs: ``[x, z_1, …, z_L]`` with ``2B`` rows, free rows first.
+        pre: optional ``[None, a_1, …, a_L]`` at ``zs`` (e.g. :meth:`LiftedProblem.pre_of`), saving products.
     """
     B = zs[0].shape[0] // 2
     x = zs[0][:B]
@@ -455,6 +470,7 @@ def contrastive_grads(energy: LiftedEnergy, zs: Sequence[torch.Tensor], scale: f
     sign = torch.ones(2 * B, 1, dtype=x.dtype, device=x.device)
     sign[:B] = -1.0
     for k in range(1, energy.depth):
-        r = (energy.pre(k + 1, zs[k]) - zs[k + 1]) * (sign * (scale * energy.term_weights[k + 1]))
+        a = energy.pre(k + 1, zs[k]) if pre is None else pre[k + 1]
+        r = (a - zs[k + 1]) * (sign * (scale * energy.term_weights[k + 1]))
         out.append((r.t() @ zs[k], r.sum(dim=0)))
     return out

@@ -216,16 +216,18 @@ def lambda_max(W: torch.Tensor, v: torch.Tensor | None = None, iters: int = 30) 
 
 
 class _LambdaCache:
-    """``λ_max(WᵀW)`` per weight tensor, recomputed when the tensor changes (``_version``).
+    """``λ_max(WᵀW)`` per weight tensor, tracked as the tensor changes (``_version``).
 
-    A changed tensor (an optimiser step) is re-estimated by 3 power iterations warm-started from
-    its previous vector: weights move little per step, so this tracks ``‖W‖₂²`` closely. The value
-    depends on the history of the tensor, which is the same for the same seed and data.
+    The first call runs 30 power iterations; afterwards every ``refresh``-th change of the tensor
+    (optimiser steps) re-estimates it with ``warm_iters`` iterations warm-started from the previous
+    vector, and in between the last value is reused: weights move little per step, and the solver
+    multiplies the estimate by a safety factor. The value depends on the tensor's history only,
+    which is the same for the same seed and data.
     """
 
-    def __init__(self, warm_iters: int = 3):
-        self.warm_iters = warm_iters
-        self._store: dict[tuple, tuple[int, float, torch.Tensor]] = {}
+    def __init__(self, warm_iters: int = 2, refresh: int = 10):
+        self.warm_iters, self.refresh = warm_iters, refresh
+        self._store: dict[tuple, list] = {}
 
     def __call__(self, W: torch.Tensor, exact: bool = False) -> float:
         if exact:
@@ -234,11 +236,15 @@ class _LambdaCache:
             return float(torch.linalg.matrix_norm(W.double(), ord=2)) ** 2
         key = (W.data_ptr(), tuple(W.shape), W.dtype)
         hit = self._store.get(key)
-        if hit is not None and hit[0] == W._version:
-            return hit[1]
-        lam, v = lambda_max(W, None if hit is None else hit[2], self.warm_iters if hit is not None else 30)
-        self._store[key] = (W._version, lam, v)
-        return lam
+        if hit is None:
+            lam, v = lambda_max(W, None, 30)
+            self._store[key] = [W._version, lam, v, 0]
+            return lam
+        if hit[0] != W._version:
+            hit[0], hit[3] = W._version, hit[3] + 1
+            if hit[3] % self.refresh == 0:
+                hit[1], hit[2] = lambda_max(W, hit[2], self.warm_iters)
+        return hit[1]
 
 
 class BlockProjectedGradient(Solver):
@@ -320,24 +326,29 @@ class BlockProjectedGradient(Solver):
         t = self.steps(problem)
         alpha = [t[k - 1] * e.feedback(k) for k in range(1, L)]
         a = pre
-        project = [u.project for u in e.units]
+        lo = [None if math.isinf(u.lower) else u.lower for u in e.units]
+        hi = [None if math.isinf(u.upper) else u.upper for u in e.units]
         it, move = 0, math.inf
         for it in range(1, self.max_iter + 1):
             check = self.tol is not None and (it % self.check_every == 0 or it == self.max_iter)
-            move = 0.0
+            moves = []
             for k in range(1, L):
                 z = hidden[k - 1]
                 r = hidden[k] - a[k + 1] if k < L - 1 else problem.top_residual(a[L])
                 new = z.lerp(a[k], t[k - 1])
                 if r is not None:
                     new = torch.addmm(new, r, e.weights[k], alpha=alpha[k - 1])
-                new = project[k - 1](new)
+                if lo[k - 1] is not None or hi[k - 1] is not None:
+                    new.clamp_(min=lo[k - 1], max=hi[k - 1])   # Π_C in place (new is a fresh tensor)
                 if check:
-                    move = max(move, float((new - z).abs().max()) / t[k - 1])
+                    moves.append((new - z).abs_().max() / t[k - 1])   # vector_norm(inf) is ~10x slower on CPU
                 hidden[k - 1] = new
                 a[k + 1] = e.pre(k + 1, new)
-            if check and move <= self.tol:
-                break
+            if check:
+                move = float(torch.stack(moves).max())   # one synchronisation per checked sweep
+                if move <= self.tol:
+                    break
+        problem.remember_pre(hidden, a)
         res = move if (self.residual == "step" and self.tol is not None) else None
         return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
 

@@ -9,7 +9,10 @@ from ..reproduce_lifted import ACTS, ROWS, TABLES, reproduce_table
 def register(sub) -> None:
     p = sub.add_parser("reproduce", help="reproduce a paper's tables (lifted: Zach & Estellers 2019, Tables 1-4)")
     p.add_argument("paper", choices=["lifted"], help="which paper")
-    p.add_argument("--table", type=int, required=True, choices=sorted(TABLES), help="table number")
+    p.add_argument("--table", type=int, default=None, choices=sorted(TABLES), help="table number")
+    p.add_argument("--alignment", action="store_true",
+                   help="instead of a table: sweep γ and compare contrastive gradients with back-propagation's "
+                        "(writes OUT/alignment.md)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the paper's, 100 or 50)")
     p.add_argument("--acts", default=",".join(ACTS), help="comma-separated unit types (default %(default)s)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rules (default: all four rows)")
@@ -26,6 +29,20 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    if args.alignment:
+        from pathlib import Path
+
+        from ..atomic import write_text
+        from ..reproduce_lifted import alignment_report
+
+        cmd = " ".join(["inferlearn", "reproduce", "lifted", "--alignment", "--limit-train", str(args.limit_train or 10000),
+                        "--out", shlex.quote(args.out)])
+        md = alignment_report(limit_train=args.limit_train or 10000, data_dir=args.data_dir, seed=args.seed, command=cmd)
+        write_text(md, Path(args.out) / "alignment.md")
+        print(md)
+        return 0
+    if args.table is None:
+        raise ValueError("Give --table N (1-4) or --alignment")
     if args.epochs is not None and args.epochs < 1:
         raise ValueError(f"Invalid epochs: {args.epochs}")
     if not args.gamma > 0:

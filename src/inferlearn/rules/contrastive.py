@@ -37,11 +37,15 @@ def solver_from_options(solver: str, max_iter: int | None, tol: float | None, on
 
 
 def apply_energy_grads(model: nn.Module, grads) -> None:
-    """Accumulate ``[(grad W_k, grad b_k)]`` into the model's ``.grad``."""
+    """Accumulate ``[(grad W_k, grad b_k)]`` (fresh tensors, owned by the caller) into ``.grad``."""
     for layer, (gw, gb) in zip(model.layers, grads):
-        accumulate_grad(layer.weight, gw)
-        if layer.bias is not None:
-            accumulate_grad(layer.bias, gb)
+        for p, g in ((layer.weight, gw), (layer.bias, gb)):
+            if p is None:
+                continue
+            if p.grad is None and g.dtype == p.dtype:
+                p.grad = g   # a fresh tensor: no copy needed (accumulate_grad would clone it)
+            else:
+                accumulate_grad(p, g)
 
 
 def info_extras(info: SolveInfo) -> dict:
@@ -88,6 +92,6 @@ class Contrastive(Rule):
         problem = contrastive_problem(energy, x, y, check=False)   # x was validated by Rule.backward
         output = problem.forward_state()[1][L][:B]
         hidden, info = self._solver.solve(problem)
-        grads = contrastive_grads(energy, problem.full(hidden), 1.0 / (B * energy.term_weights[L]))
+        grads = contrastive_grads(energy, problem.full(hidden), 1.0 / (B * energy.term_weights[L]), problem.pre_of(hidden))
         apply_energy_grads(model, grads)
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=info_extras(info))
