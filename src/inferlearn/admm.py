@@ -245,6 +245,7 @@ class BlockADMM:
         self.X: torch.Tensor | None = None
         self.Y: torch.Tensor | None = None
         self.iteration = 0  # completed outer iterations (epochs)
+        self.fused = True  # fuse the last Z sweep with the dual update (same result, less work)
         self.history: list[dict] = []
 
     # ------------------------------------------------------------------ set-up
@@ -407,7 +408,7 @@ class BlockADMM:
     def _z_update(self, t: int) -> None:
         """Update ``Z_t`` for all samples on the two terms of 𝓛 that contain it."""
         N = self.X.shape[0]
-        beta, zeta = self.beta[t - 1], self.zeta[t - 1]
+        beta = self.beta[t - 1]
         blk = self.blocks[t - 1]
         for a, b in self._chunks(N):
             sl = slice(a, b)
@@ -424,13 +425,54 @@ class BlockADMM:
             else:
                 with torch.no_grad():
                     target = blk(self._get(t - 1, sl)) - self._u(t, sl)
-                z = self._get(t, sl)
-                for _ in range(self.cfg.z_steps):
-                    z = z.detach().requires_grad_(True)
-                    obj = 0.5 * beta * (z - target).pow(2).sum() + self._next_term_sum(t, z, sl)
-                    (g,) = torch.autograd.grad(obj, z)
-                    z = z - zeta * g
+                self._put(self.Z[t - 1], sl, self._z_steps(t, sl, target))
+
+    def _z_steps(self, t: int, sl, target: torch.Tensor) -> torch.Tensor:
+        """``z_steps`` gradient steps on ``(β_t/2)‖z − target‖² + (block t+1's term)``, per sample."""
+        beta, zeta = self.beta[t - 1], self.zeta[t - 1]
+        z = self._get(t, sl)
+        for _ in range(self.cfg.z_steps):
+            z = z.detach().requires_grad_(True)
+            obj = 0.5 * beta * (z - target).pow(2).sum() + self._next_term_sum(t, z, sl)
+            (g,) = torch.autograd.grad(obj, z)
+            z = z - zeta * g
+        return z.detach()
+
+    def _fused_z_dual_sweep(self) -> tuple[list[float], list[float]]:
+        """The reverse ``Z`` sweep and the dual update in one pass over the data (no NMF, fixed β).
+
+        Same result as ``_z_update(T-1) … _z_update(1)`` followed by ``_dual_update`` (tested):
+        once ``Z_t`` is final, ``Z_{t+1}`` is final too, so ``r_{t+1} = Z_{t+1} − f_{t+1}(Z_t)`` and
+        ``U_{t+1}`` can be updated at once, and ``r_1`` reuses the ``f_1(X)`` that the ``Z_1`` update
+        computed anyway (block 1 is usually the widest: this saves its second full forward pass).
+        """
+        N, T = self.X.shape[0], self.T
+        sq, zsq = [0.0] * (T - 1), [0.0] * (T - 1)
+
+        def dual(t, sl, r, z):
+            sq[t - 1] += float(_sqnorm_rows(r).sum())
+            zsq[t - 1] += float(_sqnorm_rows(z).sum())
+            self._put(self.U[t - 1], sl, self._u(t, sl) + r)
+
+        for t in range(T - 1, 0, -1):
+            for a, b in self._chunks(N):
+                sl = slice(a, b)
+                with torch.no_grad():
+                    F_t = self.blocks[t - 1](self._get(t - 1, sl))
+                z = self._z_steps(t, sl, F_t - self._u(t, sl))
                 self._put(self.Z[t - 1], sl, z)
+                z = self._get(t, sl)  # as stored (dtype of the state)
+                with torch.no_grad():
+                    if t + 1 < T:
+                        z_next = self._get(t + 1, sl)
+                        dual(t + 1, sl, z_next - self.blocks[t](z), z_next)
+                    if t == 1:
+                        dual(1, sl, z - F_t, z)
+        res = [math.sqrt(v / N) for v in sq]
+        if not all(math.isfinite(r) for r in res):
+            raise DivergenceError(f"non-finite constraint residuals {res}")
+        self.storage.flush()
+        return res, [math.sqrt(v / N) for v in zsq]
 
     def _score_update(self, t: int, sl) -> torch.Tensor:
         """NMF scores: prox-linear NNLS step ``S ← argmin_{S≥0} (γ/2)‖P + V − S Mᵀ‖² + ⟨g, S⟩ + ‖S − S⁰‖²/(2ζ)``.
@@ -498,12 +540,18 @@ class BlockADMM:
             raise RuntimeError("Call init_state(X, Y) before training in batch mode")
         p = self.primal_steps_at(self.iteration)
         theta_loss = 0.0
-        for _ in range(p):
+        fuse = self.fused and not self.cfg.adaptive and not any(self.is_nmf) and self.T > 1
+        res, zn = [], []
+        for step in range(p):
             theta_loss = self._theta_pass()
             self._nmf_basis_update()
+            if fuse and step == p - 1:
+                res, zn = self._fused_z_dual_sweep()
+                break
             for t in range(self.T - 1, 0, -1):
                 self._z_update(t)
-        res, zn = self._dual_update() if self.T > 1 else ([], [])
+        else:
+            res, zn = self._dual_update() if self.T > 1 else ([], [])
         return {"admm_objective": theta_loss, "primal_steps": p,
                 **{f"residual_{t + 1}": r for t, r in enumerate(res)},
                 **{f"rel_residual_{t + 1}": r / (z + 1e-12) for t, (r, z) in enumerate(zip(res, zn))},
