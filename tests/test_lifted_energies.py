@@ -165,9 +165,9 @@ def test_rules_registry_options_and_lr_schedule():
     """Guards against a rule missing from the registry, CLI strings not parsed, or a bad option accepted."""
     r = make_rule("contrastive", {"gamma": "1/4", "solver": "cd", "max_iter": "3"})
     assert isinstance(r, Contrastive) and r.gamma == 0.25 and r._solver.sweeps == 3
-    j0 = make_rule("lifted-j0", {"warmup_epochs": "2", "warmup_scale": "0.05"})
+    j0 = make_rule("lifted-j0", {"warmup_epochs": "2", "warmup_scale": "0.05", "lr_factor": "0.5"})
     assert isinstance(j0, LiftedJ0)
-    assert [j0.lr_scale(e) for e in range(4)] == [0.05, 0.05, 1.0, 1.0]
+    assert [j0.lr_scale(e) for e in range(4)] == [0.05, 0.05, 0.5, 0.5]
     for bad, msg in [({"gamma": "0"}, "Invalid gamma: 0"), ({"gamma": "-1"}, "Invalid gamma: -1.0"),
                      ({"solver": "magic"}, "Unknown solver")]:
         with pytest.raises(ValueError, match=msg):

@@ -24,6 +24,7 @@ import torch
 
 from .atomic import write_text
 from .config import TrainConfig
+from .errors import DivergenceError
 from .plots import plot_curves
 from .train import train
 from .weight_pictures import plot_filters
@@ -82,6 +83,8 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
         for rule in rows:
             folder = root / ("any" if rule == "linear-regression" else act) / rule
             opts = {"gamma": gamma} if rule in GAMMA_RULES else {}
+            if rule == "linear-regression":
+                opts = {"lr_factor": 0.1}   # least squares on raw pixels: η = 1/20 is above its stability limit
             if solver and rule in GAMMA_RULES:
                 opts["solver"] = solver
             cfg = TrainConfig(data=spec.data, arch=spec.arch, act="relu" if rule == "linear-regression" else act, rule=rule, rule_options=opts, epochs=epochs,
@@ -89,10 +92,16 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
                               data_dir=data_dir, limit_train=limit_train)
             if log:
                 log(f"table {n} {act} {rule}: {epochs} epochs -> {folder}")
-            results[act][rule] = train(cfg, progress=progress, resume=True, log=log)
-        plot_curves({ROW_NAMES[r]: h for r, h in results[act].items()}, root / f"curves_{act}.png",
+            try:
+                results[act][rule] = train(cfg, progress=progress, resume=True, log=log)
+            except DivergenceError as exc:   # one diverging row must not lose the others
+                if log:
+                    log(f"table {n} {act} {rule}: {exc}")
+                results[act][rule] = [{"diverged": str(exc)}]
+        plot_curves({ROW_NAMES[r]: h for r, h in results[act].items() if "diverged" not in h[-1]}, root / f"curves_{act}.png",
                     title=f"Table {n}: {spec.data} {spec.arch} {act}")
-        pics = {ROW_NAMES[r]: _first_layer(root / act / r) for r in ("backprop", "contrastive", "lifted-j0") if r in rows}
+        pics = {ROW_NAMES[r]: _first_layer(root / act / r) for r in ("backprop", "contrastive", "lifted-j0")
+                if r in rows and "diverged" not in results[act][r][-1]}
         if pics:
             plot_filters(pics, spec.image_shape, root / f"filters_{act}.png",
                          title=f"First-layer filters, {spec.data} {spec.arch} {act}")
@@ -125,13 +134,22 @@ def _markdown(n, spec, epochs, results, gamma, lr, batch_size, seed, limit_train
             last = results[a][rule][-1] if results[a].get(rule) else None
             if last is None:
                 cells += ["", "", ""]
+            elif "diverged" in last:
+                cells += ["diverged", "diverged", "—"]
             else:
                 active = "—" if rule == "linear-regression" else f"{last['active_fraction']:.3f}"
                 cells += [f"{last['train_acc']:.4f}", f"{last['test_acc']:.4f}", active]
         lines.append(f"| {ROW_NAMES[rule]} | " + " | ".join(cells) + " |")
     lines += ["", "Per-epoch seconds (median): " + ", ".join(
         f"{a}/{r} {sorted(h['epoch_seconds'] for h in results[a][r])[len(results[a][r]) // 2]:.1f}"
-        for a in acts for r in results[a]), ""]
+        for a in acts for r in results[a] if "diverged" not in results[a][r][-1]), ""]
+    for a in acts:
+        for r in results[a]:
+            if "diverged" in results[a][r][-1]:
+                lines += [f"- {a} / {r}: {results[a][r][-1]['diverged']}"]
+    lines += ["", "Learning rates: back-propagation and contrastive η; standard lifted η × 1/10 for 5 epochs, "
+              "then η × 0.3 (LiftedJ0 defaults); linear regression η × 0.1 (least squares on raw pixels is "
+              "unstable at η = 1/20).", ""]
     lines += [f"Curves: `curves_<act>.png`; first-layer filters: `filters_<act>.png`; per-run metrics: "
               f"`<act>/<rule>/metrics.jsonl`.", ""]
     return "\n".join(lines)
