@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.blocks import mlp, split_sequential
 from inferlearn.data import load_dataset
+from inferlearn.errors import DivergenceError
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -92,9 +93,13 @@ def main():
                                                                                  zeta=0.1, z_steps="T-1"))]:
             net = copy.deepcopy(base)
             t0 = time.perf_counter()
-            fn(net)
+            try:
+                fn(net)
+                a = acc(net, Xt, Yt)
+            except DivergenceError:
+                a = float("nan")  # reported as "diverged"
             dt = time.perf_counter() - t0
-            rows.append((act, name, acc(net, Xt, Yt), ratio, dt))
+            rows.append((act, name, a, ratio, dt))
             print(rows[-1], flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = ["# Vanishing gradients: deep sigmoid/tanh MLP (bench_vanishing.py)", "",
@@ -106,7 +111,7 @@ def main():
              "`‖∇W₁‖/‖∇W_L‖` is the back-propagated gradient-norm ratio first/last layer at initialisation.", "",
              "| units | method | test acc | ‖∇W₁‖/‖∇W_L‖ at init | train time (s) |", "|---|---|---|---|---|"]
     for act, name, a, r, dt in rows:
-        lines.append(f"| {act} | {name} | {a:.4f} | {r:.1e} | {dt:.1f} |")
+        lines.append(f"| {act} | {name} | {'diverged (NaN)' if a != a else f'{a:.4f}'} | {r:.1e} | {dt:.1f} |")
     (RESULTS / "bench_vanishing.md").write_text("\n".join(lines) + "\n")
 
 

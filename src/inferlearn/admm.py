@@ -48,8 +48,8 @@ Note:
     since the terms share no parameters and ``Z`` is detached, each block's gradient is exactly that
     of its own term (one autograd call instead of ``T``, the same update). In the online variant
     the ``z`` steps move all ``z_t`` jointly (one forward/backward per step) with the safeguarded
-    step ``ζ_t / (1 + 2ζ_t(λ_t + ρ_t h_t))`` (the scalar duals only grow, and a fixed step diverges
-    once they are large), and the dual update uses ``h_t`` measured before the Θ step (it comes
+    step ``ζ_t / (1 + 2ζ_t(λ_t + ρ_t h_t + λ_{t+1} + ρ_{t+1} h_{t+1}))`` (the scalar duals only grow,
+    and a fixed step diverges once they are large), and the dual update uses ``h_t`` measured before the Θ step (it comes
     free with that step's forward pass). Since ``h_t`` is a *squared* error, its gradient vanishes
     at ``z = f(z)``: starting from the forward pass, the first ``z`` step moves only ``z_{T-1}``
     and the signal reaches ``z_1`` after ``T-1`` steps, so use ``z_steps ≥ T-1``.
@@ -578,10 +578,11 @@ class BlockADMM:
             vars_ = [z.detach().requires_grad_(True) for z in zs[1:]]
             obj, hs = self._online_objective([x, *vars_], y, per_sample=True)
             grads = torch.autograd.grad(obj, vars_)
-            # Safeguarded step ζ/(1 + ζ c_t), c_t = 2(λ_t + ρ_t h_t) the per-sample curvature of the
-            # block's own penalty: the duals only grow, and a plain step ζ diverges once ζ c_t > 2.
-            steps = [zeta / (1 + zeta * 2 * (lam + rho * float(h.detach())))
-                     for zeta, lam, rho, h in zip(self.zeta, self.lam, self.beta, hs)]
+            # Safeguarded step ζ/(1 + ζ c_t), c_t = 2(λ_t + ρ_t h_t) + 2(λ_{t+1} + ρ_{t+1} h_{t+1}) the
+            # per-sample curvature of the two penalties containing z_t (taking f_{t+1} as 1-Lipschitz):
+            # the duals only grow, and a plain step ζ diverges once ζ c_t > 2.
+            curv = [2 * (lam + rho * float(h.detach())) for lam, rho, h in zip(self.lam, self.beta, hs)] + [0.0]
+            steps = [zeta / (1 + zeta * (curv[i] + curv[i + 1])) for i, zeta in enumerate(self.zeta)]
             zs = [x] + [v.detach() - step * g for v, g, step in zip(vars_, grads, steps)]
         hs = []
         obj = torch.zeros(())
