@@ -415,9 +415,13 @@ class ReferenceSolver(Solver):
             free = ~active
             fm = free.to(torch.float64)
             Hf = H * fm.unsqueeze(2) * fm.unsqueeze(1) + torch.diag_embed(active.to(torch.float64)) * eye
-            d = torch.linalg.solve(Hf, (-g * fm).unsqueeze(2)).squeeze(2)
+            try:
+                d = torch.linalg.solve(Hf, (-g * fm).unsqueeze(2)).squeeze(2)
+            except torch.linalg.LinAlgError:   # numerically singular (e.g. enormous weights): keep sweeping
+                d = torch.zeros_like(z)
             cand = torch.minimum(torch.maximum(z + d, lo), hi)
             better = p.value(split(cand)) <= p.value(hs) + 1e-15 * (1 + p.value(hs).abs())
+            better = better & torch.isfinite(cand).all(dim=1) & (d != 0).any(dim=1)
             z = torch.where(better.unsqueeze(1), cand, z)
             if not bool(better.any()):
                 # the Newton step failed everywhere (wrong active set): a few more sweeps, then retry

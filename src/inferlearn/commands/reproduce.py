@@ -13,6 +13,8 @@ def register(sub) -> None:
     p.add_argument("--alignment", action="store_true",
                    help="instead of a table: sweep γ and compare contrastive gradients with back-propagation's "
                         "(writes OUT/alignment.md)")
+    p.add_argument("--duality", action="store_true",
+                   help="instead of a table: strong duality and free-energy scoring per unit type (writes OUT/duality.md)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the paper's, 100 or 50)")
     p.add_argument("--acts", default=",".join(ACTS), help="comma-separated unit types (default %(default)s)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rules (default: all four rows)")
@@ -41,8 +43,21 @@ def run(args) -> int:
         write_text(md, Path(args.out) / "alignment.md")
         print(md)
         return 0
+    if args.duality:
+        from pathlib import Path
+
+        from ..atomic import write_text
+        from ..reproduce_lifted import duality_report
+
+        cmd = " ".join(["inferlearn", "reproduce", "lifted", "--duality", "--limit-train", str(args.limit_train or 10000),
+                        "--out", shlex.quote(args.out)])
+        md = duality_report(limit_train=args.limit_train or 10000, data_dir=args.data_dir, seed=args.seed,
+                            gamma=args.gamma, command=cmd)
+        write_text(md, Path(args.out) / "duality.md")
+        print(md)
+        return 0
     if args.table is None:
-        raise ValueError("Give --table N (1-4) or --alignment")
+        raise ValueError("Give --table N (1-4), --alignment or --duality")
     if args.epochs is not None and args.epochs < 1:
         raise ValueError(f"Invalid epochs: {args.epochs}")
     if not args.gamma > 0:
