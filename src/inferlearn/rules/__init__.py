@@ -8,6 +8,8 @@ from .linear_regression import LinearRegression, least_squares_fit
 from .contrastive import Contrastive
 from .lifted import LiftedJ0
 from .fenchel import FenchelBackProp
+from .eqprop import EquilibriumPropagation
+from .clamped_inference import LiftedFenchel, PredictiveCoding
 
 __all__ = ["RULES", "Rule", "StepInfo", "accumulate_grad", "make_rule", "register_rule", "rule_options",
            "BackProp", "LinearRegression", "least_squares_fit", "Contrastive", "LiftedJ0"]

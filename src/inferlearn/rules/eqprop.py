@@ -1,0 +1,121 @@
+"""Equilibrium propagation on the lifted energy: free phase and a ±β-nudged phase.
+
+Phase structure "free and nudged" (MATH.md §B taxonomy): infer the free equilibrium ``z* = argmin E``
+and a nudged one ``ẑ_β = argmin E + β ℓ̄``, and read the weight gradient off the energy at both::
+
+    positive    ∇W = [∇W E(ẑ₊) − ∇W E(z*)] / (β w_L)
+    negative    ∇W = [∇W E(z*) − ∇W E(ẑ₋)] / (β w_L)
+    symmetric   ∇W = [∇W E(ẑ₊) − ∇W E(ẑ₋)] / (2β w_L)        (gradient error O(β²))
+
+with ``E`` the lifted energy of :mod:`inferlearn.energies` (feedback weight ``γ``, term weights
+``w_k = γ^{k-1}``) and ``ℓ̄(z_L) = w_L gᵀ z_L`` the loss linearised at the free output, ``g = ∂ℓ/∂z_L``
+per sample at the free equilibrium. Eliminating the output gives ``z_L = a_L ∓ β g``: β is the step
+of the output along the loss gradient, measured against the output term (hence the ``1/w_L``, as
+for contrastive learning's ``1/γ^{L-1}``). As ``β → 0`` the rule is implicit differentiation of
+``ℓ(z_L*(W))`` through the free equilibrium (Prop. 1; tested against the argmin layer's implicit
+backward). That equilibrium is the forward pass only as ``γ → 0`` (with constrained units the
+feedback moves it), so the rule approaches back-propagation as ``β, γ → 0``.
+
+The clamped phase instead of the nudged one (``z_L := y``) is contrastive Hebbian learning on the
+lifted energy, i.e. :class:`~inferlearn.rules.contrastive.Contrastive` (J_1).
+
+References:
+    Scellier & Bengio (2017), equilibrium propagation; Laborieux et al. (2021), symmetric nudging;
+    Zach, "Bilevel programs meet deep learning", Definition 1, Prop. 1, Table 1 and Eq. 37.
+
+Note:
+    The nudge uses the linearised loss (the paper's linearised surrogate) rather than ``βℓ`` itself,
+    so the nudged problem stays a convex QP for either sign of β and is solved by the lifted
+    solvers; both have the same β → 0 limit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..energies import LiftedEnergy, LiftedProblem, check_gamma
+from ..losses import LOSSES, one_hot, quadratic_loss
+from ..solvers import DEFAULT_SOLVER
+from .base import Rule, StepInfo, check_positive, register_rule
+from .contrastive import apply_energy_grads, info_extras, solver_from_options
+
+NUDGINGS = ("positive", "negative", "symmetric")
+
+
+def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor, beta: float, copies: int) -> LiftedProblem:
+    """A nudged problem over ``copies`` stacked copies of the batch sharing one ``a_1 = W_0 x + b_0``."""
+    a1 = energy.pre(1, x)
+    p = LiftedProblem.__new__(LiftedProblem)
+    p.energy, p.x, p.target, p.clamped, p.nudge, p.beta, p.check = (
+        energy, x if copies == 1 else torch.cat([x] * copies), None, None, nudge, beta, False)
+    p.a1 = a1 if copies == 1 else torch.cat([a1] * copies)
+    p.__post_init__()
+    return p
+
+
+@register_rule
+@dataclass
+class EquilibriumPropagation(Rule):
+    """Equilibrium propagation (free and nudged phase) on the lifted energy.
+
+    Args:
+        beta: nudging strength ``β > 0`` (the output moves by ``β g``); ``β → 0`` is back-propagation.
+        nudging: ``"positive"``, ``"negative"`` or ``"symmetric"`` (one stacked solve of ``±β``).
+        gamma: feedback weight ``γ > 0`` of the lifted energy.
+        loss: ``"quadratic"`` or ``"cross-entropy"`` (the loss whose gradient nudges the output).
+        solver, max_iter, tol, on_fail: the lifted solver (see
+            :class:`~inferlearn.rules.contrastive.Contrastive`).
+
+    References:
+        Scellier & Bengio (2017); Zach, bilevel paper, Table 1 ("energy + β·loss, β → 0").
+    """
+
+    name = "eqprop"
+    beta: float = 0.1
+    nudging: str = "symmetric"
+    gamma: float = 1 / 8
+    loss: str = "quadratic"
+    solver: str = DEFAULT_SOLVER
+    max_iter: int | None = None
+    tol: float | None = None
+    on_fail: str = "warn"
+
+    def __post_init__(self) -> None:
+        check_positive("beta", self.beta)
+        check_gamma(self.gamma)
+        if self.nudging not in NUDGINGS:
+            raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {list(NUDGINGS)}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)}")
+        self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
+
+    def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        energy = LiftedEnergy.from_model(model, self.gamma)
+        B, L = x.shape[0], energy.depth
+        wL = energy.term_weights[L]
+        free = energy.problem(x, check=False)       # x was validated by Rule.backward
+        output = free.forward_state()[1][L]          # the plain forward pass, reported as the loss
+        y = one_hot(labels, output.shape[1], output.dtype)
+        h_free, info_free = self._solver.solve(free)
+        zs_free = free.full(h_free)
+        out = zs_free[-1]                            # z_L* at the free equilibrium
+        g = out - y if self.loss == "quadratic" else torch.softmax(out, dim=1) - y
+        scale = 1.0 / (self.beta * wL * B)
+        if self.nudging == "symmetric":
+            problem = _stacked_problem(energy, x, torch.cat([g, -g]), self.beta * wL, 2)
+            hidden, info = self._solver.solve(problem, init=[torch.cat([h, h]) for h in h_free])
+            ones = torch.ones(B, dtype=x.dtype, device=x.device)
+            grads = energy.weight_grads(problem.full(hidden), torch.cat([ones, -ones]) * (0.5 * scale))
+        else:
+            sign = 1.0 if self.nudging == "positive" else -1.0
+            problem = _stacked_problem(energy, x, g, sign * self.beta * wL, 1)
+            hidden, info = self._solver.solve(problem, init=list(h_free))
+            g_nudged = energy.weight_grads(problem.full(hidden), sign * scale)
+            g_free = energy.weight_grads(zs_free, -sign * scale)
+            grads = [(a + c, b + d) for (a, b), (c, d) in zip(g_nudged, g_free)]
+        apply_energy_grads(model, grads)
+        extras = info_extras(info)
+        extras["free_solver_iterations"] = info_free.iterations
+        return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
