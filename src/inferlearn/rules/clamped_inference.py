@@ -122,24 +122,27 @@ class ClampedInference(Rule):
         units = list(model.units)
         # a_1 = W_0 x + b_0 never changes during inference: compute μ_1 and f'_1 once
         a1 = torch.addmm(bs[0], x, Ws[0].t())
+        lin = [u.is_linear for u in units] + [True]
         mu1 = units[0].project(a1) if L > 1 else a1
-        m1 = _deriv_mask(units[0], a1) if L > 1 else None
+        # f'(a) of a box unit is 1 exactly where the clamp leaves a unchanged (BP's convention at kinks)
+        m1 = None if L == 1 or lin[0] else mu1 == a1
         z = [x]
         for k in range(1, L):                            # forward pass: hidden errors start at 0
             z.append(mu1 if k == 1 else units[k - 1].project(torch.addmm(bs[k - 1], z[-1], Ws[k - 1].t())))
         out = torch.addmm(bs[L - 1], z[L - 1], Ws[L - 1].t())
-        z = [t.clone() for t in z[:L]] + [target]
+        z = [x] + [t.clone() for t in z[1:L]] + [target]
         it, move = 0, math.inf
+        eps = [None] * (L + 1)
+        d = [None] * (L + 1)                              # d_k = ε_k ⊙ f'(a_k)
         for it in range(1, self.steps + 1):
-            d = [None] * (L + 1)                          # d_k = ε_k ⊙ f'(a_k)
-            eps = [None] * (L + 1)
             for k in range(1, L + 1):
                 if k == 1:
-                    a, mu, m = a1, mu1, m1
+                    mu, m = mu1, m1
                 else:
                     a = torch.addmm(bs[k - 1], z[k - 1], Ws[k - 1].t())
-                    if k < L:
-                        mu, m = units[k - 1].project(a), _deriv_mask(units[k - 1], a)
+                    if k < L and not lin[k - 1]:
+                        mu = units[k - 1].project(a)
+                        m = mu == a
                     else:
                         mu, m = a, None
                 eps[k] = z[k] - mu
@@ -149,10 +152,10 @@ class ClampedInference(Rule):
             check = self.tol is not None and it % 5 == 0
             moves = []
             for k in range(1, L):
-                step = torch.addmm(eps[k], d[k + 1], Ws[k], alpha=-1.0)   # ∂F/∂z_k
+                # z_k ← z_k − η ∂F/∂z_k = z_k − η ε_k + η W_kᵀ d_{k+1}   (simultaneous: ε, d are from before)
                 if check:
-                    moves.append(step.abs().max())
-                z[k] = z[k].sub_(step, alpha=eta)
+                    moves.append(torch.addmm(eps[k], d[k + 1], Ws[k], alpha=-1.0).abs().max())
+                z[k].sub_(eps[k], alpha=eta).addmm_(d[k + 1], Ws[k], alpha=eta)
             if check:
                 move = float(torch.stack(moves).max()) * eta
                 if move <= self.tol:

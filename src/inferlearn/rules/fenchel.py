@@ -219,5 +219,10 @@ class FenchelBackProp(Rule):
             if k > 0:
                 g = delta.mm(layers[k].weight)
                 units = model.units[k - 1]
-                delta = g if units.is_linear else fenchel_delta(units, pres[k - 1], g, self.beta)
+                if not units.is_linear:
+                    # δ = (z_k − Π_C(a_k − βg))/β, reusing the forward z_k = Π_C(a_k); four in-place-friendly ops
+                    nudged = units.project(torch.add(pres[k - 1], g, alpha=-self.beta))
+                    delta = zs[k].sub(nudged).div_(self.beta)
+                else:
+                    delta = g
         return StepInfo(loss=float(loss), output=out)
