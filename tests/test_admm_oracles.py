@@ -191,5 +191,5 @@ def test_fused_sweep_equals_separate_z_and_dual_updates(primal_steps):
         m_fast, m_ref = fast.epoch(), ref.epoch()
     for a, b in zip(fast.Z + fast.U, ref.Z + ref.U):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    for k in m_ref:
+    for k in set(m_ref) - {"theta_seconds", "z_dual_seconds"}:
         assert math.isclose(m_fast[k], m_ref[k], rel_tol=1e-9, abs_tol=1e-12), k
