@@ -50,7 +50,7 @@ for step in range(150):
     loss.backward()
     opt.step()
     if step % 30 == 0:
-        print(f"step {step:3d}  λ = {math.exp(s.item()):8.4f}  validation loss {float(loss):.5f}")
+        print(f"step {step:3d}  λ = {math.exp(s.item()):8.4f}  validation loss {loss.item():.5f}")
 
 grid = torch.linspace(-6, 8, 281, dtype=DT)
 with torch.no_grad():
