@@ -14,6 +14,8 @@ form ``T = 1`` is exactly plain training of the single block (tested).
 A DeepFacto :class:`~inferlearn.nmf.NMF` module may sit between two ordinary blocks as block ``t``;
 its decoupling variable ``Z_t`` is the score matrix ``S`` (input of block ``t+1``), its constraint is
 ``Z_{t-1} = S Mᵀ`` with penalty ``β_t`` (the paper's ``γ``) and scaled multipliers ``U_t`` (``V``).
+Choose γ large relative to the next block's term (we use β = γ = 20): otherwise the training scores
+drift in the near-null space of ``M`` and no longer match the test-time projection.
 
 **Algorithm 1 (batch)**, one outer iteration (= one epoch) ``k``::
 
