@@ -13,8 +13,16 @@ from scipy.optimize import minimize
 from inferlearn.bilevel import (AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy, ProximalEnergy,
                                 QuadraticEnergy, contrastive_surrogate, solve)
 
-torch.set_default_dtype(torch.float64)
 TIGHT = AcceleratedProjectedGradient(max_iter=20000, tol=1e-13)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float64():
+    """float64 for this module only (restored afterwards: other tests rely on the float32 default)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def _smooth_problem(seed=0, batch=3, n=4, p=3):
