@@ -169,9 +169,9 @@ def test_inference_lowers_the_energy():
     y = one_hot(labels, 3, DT)
     zs, _ = model.forward_all(x)
     for rule in (PredictiveCoding(steps=15), LiftedFenchel(steps=15)):
-        e0 = float(rule.energy_value(model, x, zs[1:-1], y).sum())
+        e0 = float(rule.energy_value(model, x, zs[1:-1], y).detach().sum())
         rule.infer_and_grad(model, x, y)
-        e1 = float(rule.energy_value(model, x, rule.last_hidden, y).sum())
+        e1 = float(rule.energy_value(model, x, rule.last_hidden, y).detach().sum())
         assert e1 < e0
 
 
