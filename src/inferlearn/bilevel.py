@@ -544,6 +544,8 @@ class ArgminLayer(nn.Module):
             the free one (then ``z*`` was not a global minimiser: the energy is not convex, or the
             forward solve stopped early).
         bound_tol: distance to a bound within which a coordinate counts as active.
+        cg_tol, cg_max_iter: relative residual and iteration limit of the implicit backward's
+            conjugate-gradient solve.
 
     References:
         Zach, bilevel paper, Definition 1 and the linearised surrogate (Eq. 37); MATH.md §B.
