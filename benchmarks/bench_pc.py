@@ -41,6 +41,8 @@ def main(argv=None) -> int:
                 ("fenchel-bp β=0.1", "fenchel-bp", {"beta": 0.1}),
                 ("pc T=15", "pc", {"steps": 15}),
                 ("pc T=5", "pc", {"steps": 5}),
+                ("pc T=30", "pc", {"steps": 30}),
+                ("pc T=15 η=0.2", "pc", {"steps": 15, "step_size": 0.2}),
                 ("eqprop symmetric β=0.1", "eqprop", {}),
                 ("lifted-fenchel T=15", "lifted-fenchel", {})]
     rows = time_rules(base, variants, repeats=args.repeats)
