@@ -56,6 +56,10 @@ class UnitSet:
 
     def engaged(self, a: torch.Tensor) -> torch.Tensor:
         """Boolean mask where the projection changes ``a`` (the non-linearity is active)."""
+        if math.isinf(self.upper):
+            return a < self.lower
+        if math.isinf(self.lower):
+            return a > self.upper
         return (a < self.lower) | (a > self.upper)
 
     def normal_cone_violation(self, z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..losses import LOSSES, one_hot, output_loss, quadratic_loss
+from ..losses import LOSSES, output_loss
 from ..models import MLP
 from .base import Rule, StepInfo, accumulate_grad, register_rule
 
@@ -57,25 +57,33 @@ class BackProp(Rule):
     @torch.no_grad()
     def _mlp_backward(self, model: MLP, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         layers = model.layers
-        zs, pres = [x], []
+        last = len(layers) - 1
+        zs, engaged = [x], []
         for k, layer in enumerate(layers):
             a = torch.addmm(layer.bias, zs[-1], layer.weight.t())
-            pres.append(a)
-            zs.append(a if k == len(layers) - 1 else model.units[k].project(a))
+            if k < last:
+                units = model.units[k]
+                engaged.append(None if units.is_linear else units.engaged(a))
+                a = units.project(a)
+            zs.append(a)
         out = zs[-1]
-        y = one_hot(labels, out.shape[1], out.dtype)
+        batch = x.shape[0]
+        rows = torch.arange(batch, device=out.device)
+        labels = labels.long()  # uint8 labels would index as a mask
         if self.loss == "quadratic":
-            loss = quadratic_loss(out, y)
-            delta = (out - y) / x.shape[0]
+            delta = out.clone()
+            delta[rows, labels] -= 1.0
+            loss = 0.5 * torch.dot(delta.view(-1), delta.view(-1)) / batch
         else:
-            loss = torch.nn.functional.cross_entropy(out, labels.long())
-            delta = (torch.softmax(out, dim=1) - y) / x.shape[0]
-        for k in range(len(layers) - 1, -1, -1):
+            loss = torch.nn.functional.cross_entropy(out, labels)
+            delta = torch.softmax(out, dim=1)
+            delta[rows, labels] -= 1.0
+        delta.div_(batch)
+        for k in range(last, -1, -1):
             accumulate_grad(layers[k].weight, delta.t().mm(zs[k]), owned=True)
             accumulate_grad(layers[k].bias, delta.sum(0), owned=True)
             if k > 0:
                 delta = delta.mm(layers[k].weight)
-                units = model.units[k - 1]
-                if not units.is_linear:
-                    delta.mul_(~units.engaged(pres[k - 1]))
+                if engaged[k - 1] is not None:
+                    delta.masked_fill_(engaged[k - 1], 0.0)
         return StepInfo(loss=float(loss), output=out)
