@@ -58,14 +58,8 @@ class BackProp(Rule):
     def _mlp_backward(self, model: MLP, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         layers = model.layers
         last = len(layers) - 1
-        zs, engaged = [x], []
-        for k, layer in enumerate(layers):
-            a = torch.addmm(layer.bias, zs[-1], layer.weight.t())
-            if k < last:
-                units = model.units[k]
-                engaged.append(None if units.is_linear else units.engaged(a))
-                a = units.project(a)
-            zs.append(a)
+        zs, pres = model.forward_all(x)
+        engaged = [None if u.is_linear else u.engaged(pres[k]) for k, u in enumerate(model.units, start=1)]
         out = zs[-1]
         batch = x.shape[0]
         rows = torch.arange(batch, device=out.device)

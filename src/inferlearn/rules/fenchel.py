@@ -197,11 +197,7 @@ class FenchelBackProp(Rule):
     @torch.no_grad()
     def _mlp_backward(self, model: MLP, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         layers, B = model.layers, x.shape[0]
-        zs, pres = [x], []
-        for k, layer in enumerate(layers):
-            a = torch.addmm(layer.bias, zs[-1], layer.weight.t())
-            pres.append(a)
-            zs.append(a if k == len(layers) - 1 else model.units[k].project(a))
+        zs, pres = model.forward_all(x)
         out = zs[-1]
         y = one_hot(labels, out.shape[1], out.dtype)
         if self.loss == "quadratic":
@@ -221,7 +217,7 @@ class FenchelBackProp(Rule):
                 units = model.units[k - 1]
                 if not units.is_linear:
                     # δ = (z_k − Π_C(a_k − βg))/β, reusing the forward z_k = Π_C(a_k); four in-place-friendly ops
-                    nudged = units.project(torch.add(pres[k - 1], g, alpha=-self.beta))
+                    nudged = units.project(torch.add(pres[k], g, alpha=-self.beta))
                     delta = zs[k].sub(nudged).div_(self.beta)
                 else:
                     delta = g
