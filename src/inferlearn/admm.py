@@ -451,11 +451,18 @@ class BlockADMM:
                     target = blk(self._get(t - 1, sl)) - self._u(t, sl)
                 self._put(self.Z[t - 1], sl, self._z_steps(t, sl, target))
 
-    def _z_steps(self, t: int, sl, target: torch.Tensor) -> torch.Tensor:
-        """``z_steps`` gradient steps on ``(β_t/2)‖z − target‖² + (block t+1's term)``, per sample."""
+    def _z_steps(self, t: int, sl, target: torch.Tensor, next_grad: torch.Tensor | None = None) -> torch.Tensor:
+        """``z_steps`` gradient steps on ``(β_t/2)‖z − target‖² + (block t+1's term)``, per sample.
+
+        ``next_grad``, if given, is the gradient of block t+1's term at the stored ``Z_t`` (the first
+        step then needs no forward of block t+1).
+        """
         beta, zeta = self.beta[t - 1], self.zeta[t - 1]
         z = self._get(t, sl)
-        for _ in range(self.cfg.z_steps):
+        for step in range(self.cfg.z_steps):
+            if step == 0 and next_grad is not None:
+                z = z - zeta * (beta * (z - target) + next_grad)
+                continue
             z = z.detach().requires_grad_(True)
             obj = 0.5 * beta * (z - target).pow(2).sum() + self._next_term_sum(t, z, sl)
             (g,) = torch.autograd.grad(obj, z)
@@ -478,12 +485,31 @@ class BlockADMM:
             zsq[t - 1] += float(_sqnorm_rows(z).sum())
             self._put(self.U[t - 1], sl, self._u(t, sl) + r)
 
-        for t in range(T - 1, 0, -1):
-            for a, b in self._chunks(N):
-                sl = slice(a, b)
-                with torch.no_grad():
-                    F_t = self.blocks[t - 1](self._get(t - 1, sl))
-                z = self._z_steps(t, sl, F_t - self._u(t, sl))
+        # Samples are independent and the weights fixed during the sweep, so each chunk can run the
+        # whole reverse sweep t = T-1 … 1 (same result as sweeping t outermost). Within a chunk,
+        # F_t = f_t(Z_{t-1}) is evaluated at the *old* Z_{t-1}, which is exactly where the first
+        # z-step of Z_{t-1} (next in the sweep) needs block t's forward: keep its graph and
+        # back-propagate the penalty's gradient through it instead of a second forward.
+        for a, b in self._chunks(N):
+            sl = slice(a, b)
+            reuse = None  # (Z_t old with grad, f_{t+1}(Z_t old) with graph)
+            for t in range(T - 1, 0, -1):
+                next_grad = None
+                if reuse is not None:
+                    zin, out = reuse
+                    # d/d(out) of (β_{t+1}/2)‖Z_{t+1} − out + U_{t+1}‖² at the already updated Z_{t+1}
+                    gout = -self.beta[t] * (self._get(t + 1, sl) - out.detach() + self._u(t + 1, sl))
+                    (next_grad,) = torch.autograd.grad(out, zin, grad_outputs=gout)
+                    reuse = None
+                if t > 1:
+                    zin = self._get(t - 1, sl).requires_grad_(True)
+                    with torch.enable_grad():
+                        out = self.blocks[t - 1](zin)
+                    reuse, F_t = (zin, out), out.detach()
+                else:
+                    with torch.no_grad():
+                        F_t = self.blocks[t - 1](self._get(t - 1, sl))
+                z = self._z_steps(t, sl, F_t - self._u(t, sl), next_grad)
                 self._put(self.Z[t - 1], sl, z)
                 z = self._get(t, sl)  # as stored (dtype of the state)
                 with torch.no_grad():
