@@ -86,6 +86,12 @@ def test_divergence_stops_with_epoch_and_step(tmp_path):
         train(_cfg(tmp_path, "div", lr=1e6), progress=False, log=None)
 
 
+def test_finite_explosion_is_divergence(tmp_path):
+    """Bounded units let output weights explode to ~1e16 without a NaN: the loss-ratio test catches it."""
+    with pytest.raises(DivergenceError, match=r"loss \d[\d.e+]* at epoch 1, step \d+ \(first loss"):
+        train(_cfg(tmp_path, "boom", act="hard-tanh", lr=3.0, divergence_factor=100.0), progress=False, log=None)
+
+
 @pytest.mark.parametrize("bad, msg", [
     (dict(lr=-0.1), "Invalid learning rate: -0.1"),
     (dict(rule="nope"), "Unknown rule 'nope'"),

@@ -32,6 +32,9 @@ class TrainConfig:
         data_dir: a folder searched first for data files.
         limit_train: use only the first N training samples (quick runs); ``None`` for all.
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
+        divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first
+            mini-batch loss (a bounded-unit network can blow up its output weights to 1e16 without
+            ever producing a NaN).
     """
 
     data: str = "digits"
@@ -51,6 +54,7 @@ class TrainConfig:
     data_dir: str | None = None
     limit_train: int | None = None
     checkpoint_every: int = 1
+    divergence_factor: float = 1e6
 
     def __post_init__(self) -> None:
         from .rules import RULES
@@ -69,6 +73,8 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "checkpoint_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"Invalid {name}: {getattr(self, name)} (must be ≥ 1)")
+        if not (self.divergence_factor > 1):
+            raise ValueError(f"Invalid divergence_factor: {self.divergence_factor} (must be > 1)")
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
         if not self.device.startswith(("cpu", "cuda", "mps")):

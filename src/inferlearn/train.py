@@ -48,6 +48,7 @@ class Setup:
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    first_loss: float | None = None  # the run's first mini-batch loss, reference of the explosion test
 
 
 def build(config: TrainConfig) -> Setup:
@@ -84,7 +85,8 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     """Train one epoch (``epoch`` is 1-based). Returns the mean mini-batch loss.
 
     Raises:
-        DivergenceError: on a non-finite loss, gradient or weight, naming the epoch and step.
+        DivergenceError: on a non-finite loss or weight, or a loss above ``divergence_factor`` times the
+            run's first mini-batch loss (``s.first_loss``), naming the epoch and step.
     """
     s.model.train()
     for group in s.optimizer.param_groups:
@@ -97,10 +99,13 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
         idx = order[step * config.batch_size:(step + 1) * config.batch_size]
         s.optimizer.zero_grad(set_to_none=True)
         info = s.rule.backward(s.model, s.train_x[idx], s.train_y[idx])
-        if not math.isfinite(info.loss):
-            raise DivergenceError(f"Training diverged: non-finite loss {info.loss} at epoch {epoch}, step {step + 1} "
-                                  f"(rule {config.rule}, lr {config.lr}); last good checkpoint: {last_good}. "
-                                  "Try a smaller learning rate.")
+        if s.first_loss is None:
+            s.first_loss = info.loss
+        loss_ref = s.first_loss
+        if not math.isfinite(info.loss) or info.loss > config.divergence_factor * max(loss_ref, 1e-12):
+            raise DivergenceError(f"Training diverged: loss {info.loss:.3g} at epoch {epoch}, step {step + 1} "
+                                  f"(first loss {loss_ref:.3g}; rule {config.rule}, lr {config.lr}); last good checkpoint: "
+                                  f"{last_good}. Try a smaller learning rate.")
         s.optimizer.step()
         if not _weights_finite(s.model):
             raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch}, step {step + 1} "
@@ -127,7 +132,7 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
 
 def _save_checkpoint(out: Path, s: Setup, epoch: int, history: list[dict]) -> None:
     save_torch({"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
-                "history": history}, out / CHECKPOINT)
+                "history": history, "first_loss": s.first_loss}, out / CHECKPOINT)
 
 
 def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=print) -> list[dict]:
@@ -149,7 +154,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=
         ckpt = torch.load(ckpt_path, map_location=config.device, weights_only=False)
         s.model.load_state_dict(ckpt["model"])
         s.optimizer.load_state_dict(ckpt["optimizer"])
-        start, history = ckpt["epoch"], ckpt["history"]
+        start, history, s.first_loss = ckpt["epoch"], ckpt["history"], ckpt.get("first_loss")
     write_json(config.to_dict() | {"model_sizes": format_arch(s.model.sizes)}, out / "config.json")
     # metrics.jsonl is rebuilt from the checkpoint's history, so epochs that finished after the
     # last checkpoint (and are re-run now) are never listed twice.
