@@ -48,7 +48,9 @@ References:
 Note:
     All blocks' Θ-terms of one mini-batch are summed and back-propagated with one ``backward()``;
     since the terms share no parameters and ``Z`` is detached, each block's gradient is exactly that
-    of its own term (one autograd call instead of ``T``, the same update). In the online variant
+    of its own term (one autograd call instead of ``T``, the same update); likewise one optimiser with
+    one parameter group per block replaces ``T`` optimisers (per-parameter state: the same update, tested
+    bit for bit), by default with PyTorch's fused kernels. In the online variant
     the ``z`` steps move all ``z_t`` jointly (one forward/backward per step) with the safeguarded
     step ``ζ_t / (1 + 2ζ_t(λ_t + ρ_t h_t + λ_{t+1} + ρ_{t+1} h_{t+1}))`` (the scalar duals only grow,
     and a fixed step diverges once they are large), and the dual update uses ``h_t`` measured before the Θ step (it comes
