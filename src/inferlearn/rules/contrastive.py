@@ -52,9 +52,29 @@ def info_extras(info: SolveInfo) -> dict:
     return {"solver_iterations": info.iterations, "solver_residual": info.residual}
 
 
+@dataclass
+class LiftedSolverRule(Rule):
+    """Base of the rules that infer activations on the lifted energy: its feedback weight and solver.
+
+    Args:
+        gamma: feedback weight ``γ > 0`` (paper: 1/8).
+        solver, max_iter, tol, on_fail: the inference solver (see :func:`solver_from_options`).
+    """
+
+    gamma: float = 1 / 8
+    solver: str = DEFAULT_SOLVER
+    max_iter: int | None = None
+    tol: float | None = None
+    on_fail: str = "warn"
+
+    def __post_init__(self) -> None:
+        check_gamma(self.gamma)
+        self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
+
+
 @register_rule
 @dataclass
-class Contrastive(Rule):
+class Contrastive(LiftedSolverRule):
     """Contrastive training of a lifted network (J_1, clamped minus free), divided by ``γ^{L-1}``.
 
     Args:
@@ -75,15 +95,6 @@ class Contrastive(Rule):
     """
 
     name = "contrastive"
-    gamma: float = 1 / 8
-    solver: str = DEFAULT_SOLVER
-    max_iter: int | None = None
-    tol: float | None = None
-    on_fail: str = "warn"
-
-    def __post_init__(self) -> None:
-        check_gamma(self.gamma)
-        self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         energy = LiftedEnergy.from_model(model, self.gamma)

@@ -35,11 +35,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..energies import LiftedEnergy, LiftedProblem, check_gamma
+from ..energies import LiftedEnergy, LiftedProblem
 from ..losses import LOSSES, one_hot, quadratic_loss
-from ..solvers import DEFAULT_SOLVER
 from .base import Rule, StepInfo, check_positive, register_rule
-from .contrastive import apply_energy_grads, info_extras, solver_from_options
+from .contrastive import LiftedSolverRule, apply_energy_grads, info_extras
 
 NUDGINGS = ("positive", "negative", "symmetric")
 
@@ -57,7 +56,7 @@ def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor,
 
 @register_rule
 @dataclass
-class EquilibriumPropagation(Rule):
+class EquilibriumPropagation(LiftedSolverRule):
     """Equilibrium propagation (free and nudged phase) on the lifted energy.
 
     Args:
@@ -75,21 +74,15 @@ class EquilibriumPropagation(Rule):
     name = "eqprop"
     beta: float = 0.1
     nudging: str = "symmetric"
-    gamma: float = 1 / 8
     loss: str = "quadratic"
-    solver: str = DEFAULT_SOLVER
-    max_iter: int | None = None
-    tol: float | None = None
-    on_fail: str = "warn"
 
     def __post_init__(self) -> None:
         check_positive("beta", self.beta)
-        check_gamma(self.gamma)
+        super().__post_init__()
         if self.nudging not in NUDGINGS:
             raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {list(NUDGINGS)}")
         if self.loss not in LOSSES:
             raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)}")
-        self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         energy = LiftedEnergy.from_model(model, self.gamma)

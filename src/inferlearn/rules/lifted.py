@@ -17,16 +17,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..energies import LiftedEnergy, check_gamma
+from ..energies import LiftedEnergy
 from ..losses import one_hot, quadratic_loss
-from ..solvers import DEFAULT_SOLVER
 from .base import Rule, StepInfo, check_positive, register_rule
-from .contrastive import apply_energy_grads, info_extras, solver_from_options
+from .contrastive import LiftedSolverRule, apply_energy_grads, info_extras
 
 
 @register_rule
 @dataclass
-class LiftedJ0(Rule):
+class LiftedJ0(LiftedSolverRule):
     """Standard lifted training: gradient of the clamped energy ``Ê`` at its minimiser, / ``γ^{L-1}``.
 
     Args:
@@ -55,25 +54,19 @@ class LiftedJ0(Rule):
     """
 
     name = "lifted-j0"
-    gamma: float = 1 / 8
-    solver: str = DEFAULT_SOLVER
-    max_iter: int | None = None
-    tol: float | None = None
-    on_fail: str = "warn"
     warmup_epochs: int = 5
     warmup_scale: float = 0.1
     lr_factor: float = 0.3
     scaling: str = "layerwise"
 
     def __post_init__(self) -> None:
-        check_gamma(self.gamma)
+        super().__post_init__()
         if not isinstance(self.warmup_epochs, int) or self.warmup_epochs < 0:
             raise ValueError(f"Invalid warmup_epochs: {self.warmup_epochs}")
         check_positive("warmup_scale", self.warmup_scale)
         check_positive("lr_factor", self.lr_factor)
         if self.scaling not in ("layerwise", "global"):
             raise ValueError(f"Invalid scaling: {self.scaling!r}; choose 'layerwise' or 'global'")
-        self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
 
     def lr_scale(self, epoch: int) -> float:
         """``warmup_scale`` for the first ``warmup_epochs`` epochs (0-based ``epoch``), then ``lr_factor``."""
