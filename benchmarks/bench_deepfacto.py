@@ -34,11 +34,11 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
-from inferlearn.admm import ADMMConfig, BlockADMM
-from inferlearn.blocks import conv_net
+from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm.blocks import conv_net
 from inferlearn.data import load_dataset
-from inferlearn.morpho import ATTRIBUTES, binary_attributes, morpho_attributes
-from inferlearn.nmf import NMF
+from inferlearn.experiments.morpho import ATTRIBUTES, binary_attributes, morpho_attributes
+from inferlearn.admm.nmf import NMF
 
 RESULTS = Path(__file__).parent / "results"
 

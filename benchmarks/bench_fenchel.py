@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from epoch_timing import RESULTS, environment  # noqa: E402
 
-from inferlearn.config import TrainConfig  # noqa: E402
+from inferlearn.training.config import TrainConfig  # noqa: E402
 from inferlearn.diagnostics import gradient_alignment  # noqa: E402
-from inferlearn.train import build, epoch_metrics, run_epoch  # noqa: E402
+from inferlearn.training.loop import build, epoch_metrics, run_epoch  # noqa: E402
 
 
 def alignment(rule, model, x, y) -> list[float]:

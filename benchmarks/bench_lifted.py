@@ -29,15 +29,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from epoch_timing import RESULTS, environment, time_rules  # noqa: E402
 
-from inferlearn.config import TrainConfig  # noqa: E402
+from inferlearn.training.config import TrainConfig  # noqa: E402
 from inferlearn.diagnostics import rule_gradients  # noqa: E402
-from inferlearn.energies import LiftedEnergy, contrastive_problem  # noqa: E402
+from inferlearn.engine.dense import LiftedEnergy, contrastive_problem  # noqa: E402
 from inferlearn.losses import one_hot, quadratic_loss  # noqa: E402
 from inferlearn.rules import register_rule  # noqa: E402
 from inferlearn.rules.base import StepInfo  # noqa: E402
 from inferlearn.rules.contrastive import Contrastive, apply_energy_grads, info_extras  # noqa: E402
-from inferlearn.solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver  # noqa: E402
-from inferlearn.train import build, run_epoch  # noqa: E402
+from inferlearn.engine.dense_solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver  # noqa: E402
+from inferlearn.training.loop import build, run_epoch  # noqa: E402
 
 
 # -- the un-optimised variants, for the "what each step bought" table -----------------------------

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from epoch_timing import RESULTS, environment, markdown_table, time_rules  # noqa: E402
 
-from inferlearn.config import TrainConfig  # noqa: E402
+from inferlearn.training.config import TrainConfig  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from epoch_timing import RESULTS, environment, markdown_table, time_rules  # noqa: E402
 
-from inferlearn.config import TrainConfig  # noqa: E402
+from inferlearn.training.config import TrainConfig  # noqa: E402
 from inferlearn.rules import RULES  # noqa: E402
 
 

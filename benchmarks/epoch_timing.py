@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from inferlearn.config import TrainConfig  # noqa: E402
-from inferlearn.train import build, epoch_metrics, run_epoch  # noqa: E402
+from inferlearn.training.config import TrainConfig  # noqa: E402
+from inferlearn.training.loop import build, epoch_metrics, run_epoch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

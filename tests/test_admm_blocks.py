@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlearn.blocks import check_blocks, conv_net, default_split_points, forward_blocks, mlp, split_sequential
+from inferlearn.admm.blocks import check_blocks, conv_net, default_split_points, forward_blocks, mlp, split_sequential
 
 
 def test_split_shares_modules_and_forward_matches():

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferlearn.alignment import gamma_sweep, sweep_markdown
-from inferlearn.duals import class_energies, dual_value, duality_gap, free_energy, multipliers
-from inferlearn.energies import LiftedEnergy, contrastive_problem
+from inferlearn.experiments.alignment import gamma_sweep, sweep_markdown
+from inferlearn.engine.duals import class_energies, dual_value, duality_gap, free_energy, multipliers
+from inferlearn.engine.dense import LiftedEnergy, contrastive_problem
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
-from inferlearn.solvers import ReferenceSolver
-from inferlearn.weight_pictures import filter_grid, plot_filters
+from inferlearn.engine.dense_solvers import ReferenceSolver
+from inferlearn.experiments.weight_pictures import filter_grid, plot_filters
 
 UNITS = ["linear", "relu", "hard-sigmoid", "hard-tanh"]
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from inferlearn.diagnostics import rule_gradients
-from inferlearn.energies import LiftedEnergy, contrastive_grads, contrastive_problem
+from inferlearn.engine.dense import LiftedEnergy, contrastive_grads, contrastive_problem
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
 from inferlearn.rules import BackProp, Contrastive, LiftedJ0, make_rule
-from inferlearn.solvers import ReferenceSolver
+from inferlearn.engine.dense_solvers import ReferenceSolver
 
 UNITS = ["linear", "relu", "hard-sigmoid", "hard-tanh"]
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 from scipy.optimize import lsq_linear
 
-from inferlearn.energies import LiftedEnergy, contrastive_problem
+from inferlearn.engine.dense import LiftedEnergy, contrastive_problem
 from inferlearn.errors import ConvergenceError, ConvergenceWarning
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
-from inferlearn.solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver, SolveInfo, get_solver
+from inferlearn.engine.dense_solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver, SolveInfo, get_solver
 
 UNITS = ["linear", "relu", "hard-sigmoid", "hard-tanh"]
 

@@ -5,8 +5,8 @@ import torch
 from scipy.optimize import nnls as scipy_nnls
 from torch import nn
 
-from inferlearn.admm import ADMMConfig, BlockADMM
-from inferlearn.nmf import NMF, nnls, nnls_gram
+from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm.nmf import NMF, nnls, nnls_gram
 
 torch.set_num_threads(1)
 

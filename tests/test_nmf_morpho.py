@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from inferlearn.morpho import binary_attributes, morpho_attributes
+from inferlearn.experiments.morpho import binary_attributes, morpho_attributes
 
 
 def _bar(width, shear=0.0):

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from inferlearn.bilevel import AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy
+from inferlearn.bilevel.layer import AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy
 from inferlearn.diagnostics import rule_gradients
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP

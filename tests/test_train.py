@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from inferlearn.atomic import read_jsonl
-from inferlearn.config import TrainConfig
+from inferlearn.training.config import TrainConfig
 from inferlearn.errors import DivergenceError
-from inferlearn.train import train
+from inferlearn.training.loop import train
 
 DROP = ("epoch_seconds",)
 

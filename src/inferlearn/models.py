@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .constraints import UnitSet, get_units
+from .units import UnitSet, get_units
 
 
 def parse_arch(arch: str | Sequence[int]) -> list[int]:

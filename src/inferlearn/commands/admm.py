@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from ..admm import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift, train_admm
-from ..blocks import ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
+from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift, train_admm
+from ..admm.blocks import ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
-from ..nmf import NMF
+from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
             "z_steps", "primal_steps", "primal_growth", "adaptive", "eta0", "eta_decay", "penalty_growth",

@@ -5,8 +5,8 @@ import argparse
 
 import torch
 
-from ..config import TrainConfig
-from ..constraints import UNIT_SETS
+from ..training.config import TrainConfig
+from ..units import UNIT_SETS
 from ..data import DATASETS
 
 

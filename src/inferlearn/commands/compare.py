@@ -1,8 +1,8 @@
 """``inferlearn compare``: train several rules from the same initial weights, print one table."""
 from __future__ import annotations
 
-from ..compare import compare_rules, parse_rule_options
-from ..config import TrainConfig
+from ..training.compare import compare_rules, parse_rule_options
+from ..training.config import TrainConfig
 from ..rules import RULES
 from .common import add_training_options, config_from_args
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..reproduce_lifted import ACTS, ROWS, TABLES, reproduce_table
+from ..experiments.lifted_tables import ACTS, ROWS, TABLES, reproduce_table
 
 
 def register(sub) -> None:
@@ -35,7 +35,7 @@ def run(args) -> int:
         from pathlib import Path
 
         from ..atomic import write_text
-        from ..reproduce_lifted import alignment_report
+        from ..experiments.lifted_tables import alignment_report
 
         cmd = " ".join(["inferlearn", "reproduce", "lifted", "--alignment", "--limit-train", str(args.limit_train or 10000),
                         "--out", shlex.quote(args.out)])
@@ -47,7 +47,7 @@ def run(args) -> int:
         from pathlib import Path
 
         from ..atomic import write_text
-        from ..reproduce_lifted import duality_report
+        from ..experiments.lifted_tables import duality_report
 
         cmd = " ".join(["inferlearn", "reproduce", "lifted", "--duality", "--limit-train", str(args.limit_train or 10000),
                         "--out", shlex.quote(args.out)])

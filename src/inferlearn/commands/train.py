@@ -1,10 +1,10 @@
 """``inferlearn train``: train one network with one rule."""
 from __future__ import annotations
 
-from ..compare import parse_rule_options
-from ..config import TrainConfig
+from ..training.compare import parse_rule_options
+from ..training.config import TrainConfig
 from ..rules import RULES
-from ..train import load_config, train
+from ..training.loop import load_config, train
 from .common import add_training_options, check_device, config_from_args
 
 

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..constraints import UnitSet
-from ..energies import check_gamma
+from ..units import UnitSet
+from ..engine.dense import check_gamma
 from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
 from ..models import MLP

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..energies import LiftedEnergy, check_gamma, contrastive_grads, contrastive_problem
+from ..engine.dense import LiftedEnergy, check_gamma, contrastive_grads, contrastive_problem
 from ..losses import one_hot, quadratic_loss
-from ..solvers import DEFAULT_SOLVER, SolveInfo, get_solver
+from ..engine.dense_solvers import DEFAULT_SOLVER, SolveInfo, get_solver
 from .base import Rule, StepInfo, accumulate_grad, register_rule
 
 

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from ..constraints import UnitSet
+from ..units import UnitSet
 from ..losses import LOSSES, one_hot, quadratic_loss
 from ..models import MLP
 from .base import Rule, StepInfo, accumulate_grad, register_rule

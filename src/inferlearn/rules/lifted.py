@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..energies import LiftedEnergy
+from ..engine.dense import LiftedEnergy
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
 from .contrastive import LiftedSolverRule, apply_energy_grads, info_extras

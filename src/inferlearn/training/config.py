@@ -5,10 +5,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from .constraints import get_units
-from .data.datasets import check_name
-from .losses import LOSSES
-from .models import parse_arch
+from ..units import get_units
+from ..data.datasets import check_name
+from ..losses import LOSSES
+from ..models import parse_arch
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -57,7 +57,7 @@ class TrainConfig:
     divergence_factor: float = 1e6
 
     def __post_init__(self) -> None:
-        from .rules import RULES
+        from ..rules import RULES
 
         check_name(self.data)
         parse_arch(self.arch)

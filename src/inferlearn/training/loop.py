@@ -23,15 +23,15 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .atomic import append_jsonl, save_torch, write_json, write_text
+from ..atomic import append_jsonl, save_torch, write_json, write_text
 from .config import TrainConfig
-from .data import Dataset, load_dataset
-from .diagnostics import active_fraction, evaluate
-from .errors import DivergenceError
-from .losses import quadratic_loss, one_hot
-from .models import MLP, format_arch, parse_arch
-from .plots import plot_curves
-from .rules import Rule, make_rule
+from ..data import Dataset, load_dataset
+from ..diagnostics import active_fraction, evaluate
+from ..errors import DivergenceError
+from ..losses import quadratic_loss, one_hot
+from ..models import MLP, format_arch, parse_arch
+from ..plots import plot_curves
+from ..rules import Rule, make_rule
 
 CHECKPOINT = "checkpoint.pt"
 

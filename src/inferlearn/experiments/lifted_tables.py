@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from .atomic import write_text
-from .config import TrainConfig
-from .errors import DivergenceError
-from .plots import plot_curves
-from .train import train
+from ..atomic import write_text
+from ..training.config import TrainConfig
+from ..errors import DivergenceError
+from ..plots import plot_curves
+from ..training.loop import train
 from .weight_pictures import plot_filters
 
 ROWS = ("backprop", "contrastive", "lifted-j0", "linear-regression")
@@ -171,7 +171,7 @@ def alignment_report(data: str = "mnist", arch: str = "784-64-64-64-10", acts=("
     in float64 with the reference solver (:func:`inferlearn.alignment.gamma_sweep`).
     """
     from .alignment import gamma_sweep, sweep_markdown
-    from .train import build, run_epoch
+    from ..training.loop import build, run_epoch
 
     lines = ["# Gradient alignment of contrastive learning with back-propagation, swept over γ", ""]
     if command:
@@ -208,11 +208,11 @@ def duality_report(data: str = "mnist", arch: str = "784-64-64-64-10", acts=("li
     """
     import copy
 
-    from .duals import class_energies, duality_gap, free_energy
-    from .energies import LiftedEnergy, contrastive_problem
-    from .losses import one_hot
-    from .solvers import ReferenceSolver
-    from .train import build, run_epoch
+    from ..engine.duals import class_energies, duality_gap, free_energy
+    from ..engine.dense import LiftedEnergy, contrastive_problem
+    from ..losses import one_hot
+    from ..engine.dense_solvers import ReferenceSolver
+    from ..training.loop import build, run_epoch
 
     lines = ["# Dual energies and energy-based scoring of a lifted network", ""]
     if command:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .models import parse_arch
+from ..models import parse_arch
 
 ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "hardtanh": nn.Hardtanh,
                "hardsigmoid": nn.Hardsigmoid, "linear": nn.Identity}

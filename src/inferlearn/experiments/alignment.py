@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .diagnostics import gradient_alignment
-from .rules.contrastive import Contrastive
+from ..diagnostics import gradient_alignment
+from ..rules.contrastive import Contrastive
 
 DEFAULT_GAMMAS = (1.0, 1 / 2, 1 / 8, 1 / 32, 1 / 128)
 

@@ -57,7 +57,7 @@ def plot_filters(weights: Mapping[str, torch.Tensor], image_shape: tuple[int, ..
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .atomic import atomic_path
+    from ..atomic import atomic_path
 
     if not weights:
         raise ValueError("No weights to plot")

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .energies import LiftedProblem
-from .errors import ConvergenceError, ConvergenceWarning
+from .dense import LiftedProblem
+from ..errors import ConvergenceError, ConvergenceWarning
 
 ON_FAIL = ("warn", "raise", "ignore")
 

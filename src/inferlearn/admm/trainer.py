@@ -73,9 +73,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .atomic import append_jsonl, read_jsonl, save_torch, write_json, write_text
-from .errors import DivergenceError
-from .losses import one_hot
+from ..atomic import append_jsonl, read_jsonl, save_torch, write_json, write_text
+from ..errors import DivergenceError
+from ..losses import one_hot
 from .nmf import NMF, nnls_gram
 
 MODES = ("batch", "online")

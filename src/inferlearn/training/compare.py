@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from .atomic import write_json, write_text
+from ..atomic import write_json, write_text
 from .config import TrainConfig
-from .diagnostics import gradient_alignment, mean_weight_alignment
-from .plots import plot_curves
-from .rules import RULES, make_rule
-from .train import build, train
+from ..diagnostics import gradient_alignment, mean_weight_alignment
+from ..plots import plot_curves
+from ..rules import RULES, make_rule
+from .loop import build, train
 
 REFERENCE = "backprop"
 

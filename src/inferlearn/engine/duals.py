@@ -1,7 +1,7 @@
 """Dual energies of lifted networks, strong duality, and free-energy scoring of inputs.
 
 Lagrangian duality on ``e_k = z_k − W_{k-1} z_{k-1} − b_{k-1}`` with multipliers ``λ_k`` turns the
-(free, clamped or nudged) energy of a :class:`~inferlearn.energies.LiftedProblem` into::
+(free, clamped or nudged) energy of a :class:`~inferlearn.engine.dense.LiftedProblem` into::
 
     D(λ) = − Σ_{k=1}^{L} ‖λ_k‖² / (2 w_k) − Σ_{k=1}^{L-1} σ_{C_k}(W_kᵀ λ_{k+1} − λ_k)
            − λ_1ᵀ (W_0 x + b_0) − Σ_{k=2}^{L} λ_kᵀ b_{k-1} + [clamped] λ_Lᵀ y
@@ -27,10 +27,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .constraints import UnitSet
-from .energies import LiftedEnergy, LiftedProblem
-from .losses import one_hot
-from .solvers import Solver, get_solver
+from ..units import UnitSet
+from .dense import LiftedEnergy, LiftedProblem
+from ..losses import one_hot
+from .dense_solvers import Solver, get_solver
 
 
 def support(units: UnitSet, s: torch.Tensor, tol: float = 1e-9) -> torch.Tensor:

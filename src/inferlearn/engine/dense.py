@@ -15,7 +15,7 @@ with term weights ``w_k = γ^{k-1}`` (``γ`` the feedback weight; ``w_L`` may be
 
 Because the output is eliminated, a problem's variables are the hidden layers ``z_1 … z_{L-1}`` only.
 Its Hessian is block tridiagonal and the same for every row of one output mode, which the solvers
-in :mod:`inferlearn.solvers` exploit.
+in :mod:`inferlearn.engine.dense_solvers` exploit.
 
 Envelope theorem: at a minimiser ``z*`` the gradient of ``min_z E`` with respect to the weights is
 the partial gradient of ``E`` at fixed ``z*``::
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .constraints import UnitSet, get_units
+from ..units import UnitSet, get_units
 
 
 def check_gamma(gamma: float) -> float:

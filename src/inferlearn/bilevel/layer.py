@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .constraints import UnitSet
-from .errors import ConvergenceError, ConvergenceWarning
+from ..units import UnitSet
+from ..errors import ConvergenceError, ConvergenceWarning
 
 BACKWARDS = ("contrastive", "implicit")
 NUDGINGS = ("positive", "negative", "symmetric")
