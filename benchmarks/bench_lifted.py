@@ -36,7 +36,7 @@ from inferlearn.losses import one_hot, quadratic_loss  # noqa: E402
 from inferlearn.rules import register_rule  # noqa: E402
 from inferlearn.rules.base import StepInfo  # noqa: E402
 from inferlearn.rules.contrastive import Contrastive, apply_energy_grads, info_extras  # noqa: E402
-from inferlearn.engine.dense_solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver  # noqa: E402
+from inferlearn.engine.solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver  # noqa: E402
 from inferlearn.training.loop import build, run_epoch  # noqa: E402
 
 
@@ -50,7 +50,7 @@ class _Separate(Contrastive):
 
     def __post_init__(self):
         super().__post_init__()
-        self._solver = BlockProjectedGradient(check_every=1, residual="exact", exact_steps=True, relaxation=1.0)
+        self._solver = BlockProjectedGradient(check_every=1, residual="exact", relaxation=1.0)
 
     def _backward(self, model, x, labels):
         energy = LiftedEnergy.from_model(model, self.gamma)
@@ -77,7 +77,7 @@ class _FusedSVD(Contrastive):
 
     def __post_init__(self):
         super().__post_init__()
-        self._solver = BlockProjectedGradient(check_every=1, residual="exact", exact_steps=True, relaxation=1.0)
+        self._solver = BlockProjectedGradient(check_every=1, residual="exact", relaxation=1.0)
 
 
 @register_rule

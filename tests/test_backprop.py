@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from inferlearn.models import MLP
-from inferlearn.rules import BackProp, LinearRegression, least_squares_fit
+from inferlearn.baselines import least_squares_fit
+from inferlearn.rules import BackProp
 
 
 @pytest.mark.parametrize("act", ["relu", "hard-sigmoid", "hard-tanh", "linear"])
@@ -35,13 +36,14 @@ def test_backprop_matches_float64_autograd(act, loss, fused):
         torch.testing.assert_close(p.grad, g, rtol=1e-12, atol=1e-12)
 
 
-def test_linear_regression_rule_reaches_closed_form():
-    """The SGD-trained linear-regression rule converges to the least-squares solution (closed form)."""
+def test_linear_regression_baseline_reaches_closed_form():
+    """Linear regression is back-propagation on the model without hidden layers: SGD converges to the
+    least-squares solution (closed form)."""
     torch.manual_seed(0)
     x = torch.rand(200, 5, dtype=torch.float64)
     labels = torch.randint(0, 3, (200,))
-    rule = LinearRegression()
-    model = MLP(rule.adapt_sizes([5, 8, 3]), "relu", seed=0, dtype=torch.float64)
+    rule = BackProp()
+    model = MLP([5, 3], "relu", seed=0, dtype=torch.float64)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for _ in range(4000):
         opt.zero_grad()
@@ -50,9 +52,3 @@ def test_linear_regression_rule_reaches_closed_form():
     w, b = least_squares_fit(x, labels, 3, ridge=0.0)
     torch.testing.assert_close(model.layers[0].weight.detach(), w, rtol=0, atol=1e-5)
     torch.testing.assert_close(model.layers[0].bias.detach(), b, rtol=0, atol=1e-5)
-
-
-def test_linear_regression_refuses_hidden_layers():
-    """A deep model given to linear-regression must fail loudly, not silently train a deep net."""
-    with pytest.raises(ValueError, match="without hidden layers"):
-        LinearRegression().backward(MLP("5-4-3"), torch.rand(2, 5), torch.tensor([0, 1]))

@@ -10,7 +10,7 @@ from inferlearn.rules import RULES, make_rule
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_wrong_input_width(name):
     rule = make_rule(name)
-    model = MLP(rule.adapt_sizes([6, 5, 3]))
+    model = MLP([6, 5, 3])
     with pytest.raises(ValueError, match=r"Expected input of shape \(batch, 6\)"):
         rule.backward(model, torch.rand(4, 7), torch.tensor([0, 1, 2, 0]))
 
@@ -18,7 +18,7 @@ def test_wrong_input_width(name):
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_labels_out_of_range(name):
     rule = make_rule(name)
-    model = MLP(rule.adapt_sizes([6, 5, 3]))
+    model = MLP([6, 5, 3])
     with pytest.raises(ValueError, match="Labels out of range"):
         rule.backward(model, torch.rand(4, 6), torch.tensor([0, 1, 3, 0]))
 
@@ -26,7 +26,7 @@ def test_labels_out_of_range(name):
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_nan_input(name):
     rule = make_rule(name)
-    model = MLP(rule.adapt_sizes([6, 5, 3]))
+    model = MLP([6, 5, 3])
     x = torch.rand(4, 6)
     x[1, 2] = float("nan")
     with pytest.raises(ValueError, match="NaN"):

@@ -7,9 +7,9 @@ from inferlearn.cli import main
 def test_compare_writes_table_and_plot(tmp_path, capsys):
     out = tmp_path / "cmp"
     assert main(["compare", "--data", "digits", "--arch", "64-16-10", "--epochs", "2", "--rules",
-                 "backprop,linear-regression", "--out", str(out), "--quiet"]) == 0
+                 "backprop,fenchel-bp", "--out", str(out), "--quiet"]) == 0
     table = (out / "comparison.md").read_text()
-    assert "| backprop |" in table and "| linear-regression |" in table
+    assert "| backprop |" in table and "| fenchel-bp |" in table
     assert (out / "curves.png").stat().st_size > 1000
     rows = json.loads((out / "comparison.json").read_text())["rules"]
     assert rows[0]["rule"] == "backprop" and abs(rows[0]["time_ratio"] - 1) < 1e-12

@@ -13,7 +13,7 @@ from inferlearn.engine.duals import class_energies, dual_value, duality_gap, fre
 from inferlearn.engine.dense import LiftedEnergy, contrastive_problem
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
-from inferlearn.engine.dense_solvers import ReferenceSolver
+from inferlearn.engine.solvers import ReferenceSolver
 from inferlearn.experiments.weight_pictures import filter_grid, plot_filters
 
 UNITS = ["linear", "relu", "hard-sigmoid", "hard-tanh"]

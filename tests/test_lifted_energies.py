@@ -11,12 +11,14 @@ import copy
 import pytest
 import torch
 
+from inferlearn.training.schedules import warmup_schedule
+
 from inferlearn.diagnostics import rule_gradients
 from inferlearn.engine.dense import LiftedEnergy, contrastive_grads, contrastive_problem
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
 from inferlearn.rules import BackProp, Contrastive, LiftedJ0, make_rule
-from inferlearn.engine.dense_solvers import ReferenceSolver
+from inferlearn.engine.solvers import ReferenceSolver
 
 UNITS = ["linear", "relu", "hard-sigmoid", "hard-tanh"]
 
@@ -165,15 +167,24 @@ def test_rules_registry_options_and_lr_schedule():
     """Guards against a rule missing from the registry, CLI strings not parsed, or a bad option accepted."""
     r = make_rule("contrastive", {"gamma": "1/4", "solver": "cd", "max_iter": "3"})
     assert isinstance(r, Contrastive) and r.gamma == 0.25 and r._solver.sweeps == 3
-    j0 = make_rule("lifted-j0", {"warmup_epochs": "2", "warmup_scale": "0.05", "lr_factor": "0.5"})
-    assert isinstance(j0, LiftedJ0)
-    assert [j0.lr_scale(e) for e in range(4)] == [0.05, 0.05, 0.5, 0.5]
+    j0 = make_rule("lifted-j0", {"scaling": "global"})
+    assert isinstance(j0, LiftedJ0) and j0.scaling == "global"
+    opt = torch.optim.SGD(MLP("6-5-3").parameters(), lr=1.0)
+    sched = warmup_schedule(opt, warmup_epochs=2, warmup_scale=0.05, after=0.5)
+    lrs = []
+    for _ in range(4):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == [0.05, 0.05, 0.5, 0.5]
     for bad, msg in [({"gamma": "0"}, "Invalid gamma: 0"), ({"gamma": "-1"}, "Invalid gamma: -1.0"),
                      ({"solver": "magic"}, "Unknown solver")]:
         with pytest.raises(ValueError, match=msg):
             make_rule("contrastive", bad)
     with pytest.raises(ValueError, match="Invalid warmup_scale"):
-        make_rule("lifted-j0", {"warmup_scale": "0"})
+        warmup_schedule(opt, warmup_scale=0)
+    with pytest.raises(ValueError, match="Unknown option 'warmup_scale'"):
+        make_rule("lifted-j0", {"warmup_scale": "0.1"})
     model = MLP("6-5-3", "relu", seed=0)
     with pytest.raises(ValueError, match="Labels out of range"):
         Contrastive().backward(model, torch.rand(4, 6), torch.tensor([0, 1, 2, 3]))

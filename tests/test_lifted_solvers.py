@@ -18,7 +18,7 @@ from inferlearn.engine.dense import LiftedEnergy, contrastive_problem
 from inferlearn.errors import ConvergenceError, ConvergenceWarning
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
-from inferlearn.engine.dense_solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver, SolveInfo, get_solver
+from inferlearn.engine.solvers import BlockProjectedGradient, CoordinateDescent, ReferenceSolver, SolveInfo, get_solver
 
 UNITS = ["linear", "relu", "hard-sigmoid", "hard-tanh"]
 

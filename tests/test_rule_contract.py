@@ -1,35 +1,74 @@
-"""The contract every registered rule obeys (table-driven, like optax's tests).
+"""The contract every registered rule obeys, on a model zoo (table-driven, like optax's tests).
 
-For each rule × {SGD, Adam}: ``.grad`` is filled (finite) for every trainable parameter, the rule
-never changes parameters, two calls accumulate, a fixed seed gives the same gradients, and an
-optimiser step on the rule's gradient changes the weights. New rules join automatically.
+Models: the library's MLP, a plain ``nn.Sequential`` MLP, a conv net with average pooling and a user
+module exposing its chain through the protocol. For each model × rule × {SGD, Adam} × {float32,
+float64}: ``.grad`` is filled (finite) for every trainable parameter, the rule never changes
+parameters, two calls accumulate, a fixed seed gives the same gradients, and an optimiser step on
+the rule's gradient changes the weights. New rules join automatically. Refusals are clear errors.
 """
 import copy
 
 import pytest
 import torch
+from torch import nn
 
+from inferlearn import declare_affine
 from inferlearn.models import MLP
 from inferlearn.rules import RULES, make_rule
+from inferlearn.units import Clamp
 
 OPTIMIZERS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.01), "adam": lambda p: torch.optim.Adam(p, lr=0.01)}
 
 
-def _setup(name):
+class ProtocolNet(nn.Module):
+    """A user module whose forward is not an nn.Sequential: it exposes its chain by the protocol."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.hidden, self.out = nn.Linear(16, 6), nn.Linear(6, 5), nn.Linear(5, 3)
+        self.unit = nn.Hardtanh(0.0, 1.0)   # the hard sigmoid, a box unit
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        return self.out(self.relu(self.hidden(self.unit(self.inp(x)))))
+
+    def inferlearn_chain(self):
+        return [self.inp, self.unit, self.hidden, self.relu, self.out]
+
+
+def conv_net():
+    return nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+                         nn.Conv2d(3, 4, 3, padding=1), Clamp("hard-sigmoid"), nn.Flatten(), nn.Linear(16, 5), nn.ReLU(),
+                         nn.Linear(5, 3))
+
+
+ZOO = {
+    "mlp": lambda: MLP([16, 5, 5, 3], "relu", seed=3),
+    "sequential": lambda: nn.Sequential(nn.Flatten(), nn.Linear(16, 5), nn.ReLU(), nn.Linear(5, 5), nn.Hardtanh(),
+                                        nn.Linear(5, 3)),
+    "conv": conv_net,
+    "protocol": ProtocolNet,
+}
+
+
+def _setup(name, model_name, dtype):
     rule = make_rule(name)
-    model = MLP(rule.adapt_sizes([6, 5, 5, 3]), "relu", seed=3)
+    torch.manual_seed(3)
+    model = ZOO[model_name]().to(dtype)
     gen = torch.Generator().manual_seed(0)
-    x = torch.rand(8, 6, generator=gen)
+    x = torch.rand(8, 16, generator=gen, dtype=torch.float64).to(dtype)
     labels = torch.randint(0, 3, (8,), generator=gen)
     return rule, model, x, labels
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("model_name", sorted(ZOO))
 @pytest.mark.parametrize("name", sorted(RULES))
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-def test_rule_contract(name, opt_name):
+def test_rule_contract(name, opt_name, model_name, dtype):
     """Guards against rules that step themselves, forget a parameter, overwrite instead of accumulate,
-    or depend on hidden global state."""
-    rule, model, x, labels = _setup(name)
+    depend on hidden global state, or only work on the library's own MLP."""
+    rule, model, x, labels = _setup(name, model_name, dtype)
     before = copy.deepcopy(model.state_dict())
     opt = OPTIMIZERS[opt_name](model.parameters())
     opt.zero_grad(set_to_none=True)
@@ -38,6 +77,7 @@ def test_rule_contract(name, opt_name):
     assert torch.isfinite(torch.tensor(info.loss))
     for (pname, p) in model.named_parameters():
         assert p.grad is not None, f"{name}: no gradient for {pname}"
+        assert p.grad.dtype == dtype
         assert torch.isfinite(p.grad).all(), f"{name}: non-finite gradient for {pname}"
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), f"{name} changed parameter {k}"
@@ -45,13 +85,81 @@ def test_rule_contract(name, opt_name):
     assert any(g.abs().sum() > 0 for g in first.values()), f"{name} produced an all-zero gradient"
 
     rule.backward(model, x, labels)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
     for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, 2 * first[n], rtol=1e-5, atol=1e-7, msg=f"{name} does not accumulate {n}")
+        torch.testing.assert_close(p.grad, 2 * first[n], rtol=tol, atol=tol, msg=f"{name} does not accumulate {n}")
 
-    rule2, model2, x2, labels2 = _setup(name)
+    rule2, model2, x2, labels2 = _setup(name, model_name, dtype)
     rule2.backward(model2, x2, labels2)
     for n, p in model2.named_parameters():
         torch.testing.assert_close(p.grad, first[n], rtol=0, atol=0, msg=f"{name} is not deterministic for {n}")
 
     opt.step()
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def _maxpool_sigmoid_net():
+    return nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 3, 3, padding=1), nn.Sigmoid(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(12, 3))
+
+
+@pytest.mark.parametrize("name", ["contrastive", "eqprop", "lifted-j0", "lifted-fenchel"])
+def test_lifted_rules_refuse_non_affine_maps_and_non_box_units(name):
+    """The lifted energies need affine maps and box units: a sigmoid or a max-pooling layer is refused
+    with a message naming the module, instead of a silently wrong gradient."""
+    rule = make_rule(name)
+    x, labels = torch.rand(4, 16), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(ValueError, match=r"activation Sigmoid after '1'.*box units"):
+        rule.backward(_maxpool_sigmoid_net(), x, labels)
+    net = nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(12, 3))
+    with pytest.raises(ValueError, match=r"module '3' \(MaxPool2d\): it is not an affine map"):
+        rule.backward(net, x, labels)
+
+
+@pytest.mark.parametrize("name", ["backprop", "fenchel-bp", "pc"])
+def test_differentiable_rules_accept_max_pooling_and_sigmoids(name):
+    """Back-propagation, Fenchel BP and predictive coding take any differentiable map and activation."""
+    net = _maxpool_sigmoid_net()
+    make_rule(name).backward(net, torch.rand(4, 16), torch.tensor([0, 1, 2, 0]))
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+def test_declared_affine_module_and_unknown_module():
+    """A user's affine module is accepted once declared; an unknown one is refused by name."""
+
+    class Scale(nn.Module):
+        def forward(self, x):
+            return 2.0 * x
+
+    x, labels = torch.rand(4, 16), torch.tensor([0, 1, 2, 0])
+    net = nn.Sequential(nn.Linear(16, 5), nn.ReLU(), Scale(), nn.Linear(5, 3))
+    with pytest.raises(ValueError, match=r"Module '2' \(Scale\) is neither a layer map nor a unit"):
+        make_rule("contrastive").backward(net, x, labels)
+    declare_affine(net[2])
+    make_rule("contrastive").backward(net, x, labels)
+    assert net[0].weight.grad is not None
+
+
+def test_chain_structure_errors():
+    """Two activations in a row, or a final activation for a lifted rule, are refused clearly."""
+    x, labels = torch.rand(4, 16), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(ValueError, match="follows another activation"):
+        make_rule("pc").backward(nn.Sequential(nn.Linear(16, 3), nn.ReLU(), nn.ReLU()), x, labels)
+    with pytest.raises(ValueError, match="needs a linear output layer"):
+        make_rule("contrastive").backward(nn.Sequential(nn.Linear(16, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU()), x, labels)
+
+
+def test_lr_scheduler_drives_the_learning_rate():
+    """The training loop never writes the learning rate, so a torch.optim.lr_scheduler controls it:
+    two epochs of the warm-up schedule run at 0.1 × lr, then 0.3 × lr."""
+    from inferlearn.training import TrainConfig, build, run_epoch
+
+    cfg = TrainConfig(data="digits", arch="64-8-10", rule="lifted-j0", epochs=3, lr=0.05, lr_schedule="warmup",
+                      limit_train=100)
+    s = build(cfg)
+    seen = []
+    for epoch in range(1, 8):
+        seen.append(s.optimizer.param_groups[0]["lr"])
+        run_epoch(s, cfg, epoch, progress=False)
+    assert seen == pytest.approx([0.005] * 5 + [0.015] * 2)

@@ -13,21 +13,29 @@ import copy
 import torch
 from torch import nn
 
-from .models import MLP
+from .engine.chain import model_chain
 
 
 @torch.no_grad()
-def active_fraction(model: MLP, x: torch.Tensor, batch_size: int = 2000) -> float:
-    """Fraction of hidden-unit evaluations over ``x`` where ``Π_C(a) ≠ a`` (0 for linear networks)."""
+def active_fraction(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> float:
+    """Fraction of hidden box-unit evaluations over ``x`` where ``Π_C(a) ≠ a`` (0 for linear networks).
+
+    Any chain (:func:`~inferlearn.engine.chain.model_chain`); hidden activations that are not box
+    units are not counted (0 without any). ``nan`` for a model that is not a chain.
+    """
+    try:
+        chain = model_chain(model)
+    except (ValueError, TypeError):
+        return float("nan")
     engaged, total = 0, 0
     for start in range(0, x.shape[0], batch_size):
         z = x[start:start + batch_size]
-        for k, layer in enumerate(model.layers[:-1], start=1):
-            a = layer(z)
-            units = model.units[k - 1]
-            engaged += int(units.engaged(a).sum())
-            total += a.numel()
-            z = units.project(a)
+        for link in chain.links[:-1]:
+            a = link.map(z)
+            if link.units is not None:
+                engaged += int(link.units.engaged(a).sum())
+                total += a.numel()
+            z = link.act(a)
     return engaged / total if total else 0.0
 
 

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,69 @@ HARD_TANH = UnitSet("hard-tanh", -1.0, 1.0)
 UNIT_SETS = {u.name: u for u in (LINEAR, RELU, HARD_SIGMOID, HARD_TANH)}
 
 
+# other spellings of the same units (one vocabulary on every command)
+ALIASES = {"hardsigmoid": "hard-sigmoid", "hardtanh": "hard-tanh", "identity": "linear", "none": "linear"}
+
+
 def get_units(name: str | UnitSet) -> UnitSet:
-    """Look up a unit set by name; raises ``ValueError`` listing the known names."""
+    """Look up a unit set by name (``relu``, ``hard-sigmoid`` or ``hardsigmoid``, ...).
+
+    Raises ``ValueError`` listing the known names.
+    """
     if isinstance(name, UnitSet):
         return name
     key = str(name).lower().replace("_", "-")
+    key = ALIASES.get(key, key)
     if key not in UNIT_SETS:
         raise ValueError(f"Unknown unit type {name!r}; choose one of {sorted(UNIT_SETS)}")
     return UNIT_SETS[key]
+
+
+def box(lower: float, upper: float) -> UnitSet:
+    """The unit set ``[lower, upper]``, named after the known set it equals (else ``box[lo,hi]``)."""
+    for u in UNIT_SETS.values():
+        if u.lower == lower and u.upper == upper:
+            return u
+    return UnitSet(f"box[{lower:g},{upper:g}]", float(lower), float(upper))
+
+
+class Clamp(nn.Module):
+    """The activation ``Π_C(a) = clamp(a, lower, upper)`` of a unit set, as a module.
+
+    Put it in your own ``nn.Sequential`` to use a unit type that PyTorch has no module for (e.g.
+    ``Clamp("hard-sigmoid")``, the clamp to ``[0, 1]``); ``nn.ReLU``, ``nn.ReLU6``, ``nn.Hardtanh`` and
+    ``nn.Identity`` are recognised as unit sets too (:func:`units_of_module`).
+
+    Args:
+        units: a unit-set name or :class:`UnitSet`.
+    """
+
+    def __init__(self, units: str | UnitSet = "hard-sigmoid"):
+        super().__init__()
+        self.units = get_units(units)
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return self.units.project(a)
+
+    def extra_repr(self) -> str:
+        return self.units.name
+
+
+def units_of_module(module: nn.Module) -> UnitSet | None:
+    """The unit set whose projection ``module`` computes, or ``None`` if it is not a box projection.
+
+    ``nn.ReLU`` → ``relu``; ``nn.ReLU6`` → ``[0, 6]``; ``nn.Hardtanh(lo, hi)`` → ``[lo, hi]`` (so
+    ``nn.Hardtanh(0, 1)`` is ``hard-sigmoid``); ``nn.Identity`` → ``linear``; :class:`Clamp` → its set.
+    ``nn.Hardsigmoid`` is *not* a box projection (it is ``clamp(a/6 + 1/2, 0, 1)``).
+    """
+    if isinstance(module, Clamp):
+        return module.units
+    if isinstance(module, nn.ReLU6):
+        return box(0.0, 6.0)
+    if isinstance(module, nn.ReLU):
+        return RELU
+    if isinstance(module, nn.Hardtanh):   # ReLU6 is a Hardtanh subclass: checked above
+        return box(float(module.min_val), float(module.max_val))
+    if isinstance(module, nn.Identity):
+        return LINEAR
+    return None

@@ -13,13 +13,17 @@ from ..data import DATASETS
 def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = TrainConfig()) -> None:
     """Data, architecture, optimiser, seed, device and output options with ``defaults``."""
     p.add_argument("--data", default=defaults.data, help=f"dataset: {', '.join(DATASETS)} (default %(default)s)")
-    p.add_argument("--arch", default=defaults.arch, help="layer widths, e.g. 784-64-64-64-10 (default %(default)s)")
+    p.add_argument("--arch", default=defaults.arch,
+                   help="MLP widths (784-64-64-64-10), a conv net (conv:16-32 or conv:16-32/64: conv channels, then "
+                        "dense widths) or your own model (package.module:function) (default %(default)s)")
     p.add_argument("--act", default=defaults.act, help=f"hidden units: {', '.join(UNIT_SETS)} (default %(default)s)")
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)
     p.add_argument("--optimizer", default=defaults.optimizer, choices=["sgd", "adam"])
     p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate (default %(default)s)")
     p.add_argument("--momentum", type=float, default=defaults.momentum)
+    p.add_argument("--lr-schedule", default=defaults.lr_schedule,
+                   help="constant, warmup (5 epochs at 0.1×lr, then 0.3×lr) or scaled:F (default %(default)s)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in)")
     p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
@@ -37,6 +41,6 @@ def check_device(device: str) -> None:
 def config_from_args(args, **overrides) -> TrainConfig:
     check_device(args.device)
     return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
-                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, seed=args.seed,
+                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
                        limit_train=args.limit_train, **overrides)

@@ -101,13 +101,22 @@ class LiftedEnergy:
     @classmethod
     def from_model(cls, model, gamma: float = 1 / 8, output_weight: float | None = None,
                    dtype: torch.dtype | None = None) -> "LiftedEnergy":
-        """Build the energy of an :class:`~inferlearn.models.MLP` (weights detached, optionally cast)."""
-        ws = [layer.weight.detach() for layer in model.layers]
-        bs = [layer.bias.detach() if layer.bias is not None else None for layer in model.layers]
+        """Build the energy of a dense chain (an :class:`~inferlearn.models.MLP` or a plain ``nn.Sequential``
+        of ``Linear`` layers and box units; weights detached, optionally cast)."""
+        from .chain import model_chain
+
+        chain = model_chain(model)
+        if not chain.is_dense:
+            raise ValueError(f"{type(model).__name__} is not a dense chain (Linear layers with box units and a "
+                             "linear output); use inferlearn.engine.layered.LayeredEnergy")
+        layers = [link.linear for link in chain.links]
+        ws = [layer.weight.detach() for layer in layers]
+        bs = [layer.bias.detach() if layer.bias is not None else None for layer in layers]
+        units = [link.units for link in chain.links[:-1]]
         if dtype is not None:
             ws = [w.to(dtype) for w in ws]
             bs = [None if b is None else b.to(dtype) for b in bs]
-        return cls(ws, bs, model.units, gamma=gamma, output_weight=output_weight)
+        return cls(ws, bs, units, gamma=gamma, output_weight=output_weight)
 
     # -- shape ---------------------------------------------------------------------------------
     @property

@@ -30,7 +30,7 @@ import torch
 from ..units import UnitSet
 from .dense import LiftedEnergy, LiftedProblem
 from ..losses import one_hot
-from .dense_solvers import Solver, get_solver
+from .solvers import Solver, get_solver
 
 
 def support(units: UnitSet, s: torch.Tensor, tol: float = 1e-9) -> torch.Tensor:

@@ -83,12 +83,19 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
         for rule in rows:
             folder = root / ("any" if rule == "linear-regression" else act) / rule
             opts = {"gamma": gamma} if rule in GAMMA_RULES else {}
-            if rule == "linear-regression":
-                opts = {"lr_factor": 0.1}   # least squares on raw pixels: η = 1/20 is above its stability limit
             if solver and rule in GAMMA_RULES:
                 opts["solver"] = solver
-            cfg = TrainConfig(data=spec.data, arch=spec.arch, act="relu" if rule == "linear-regression" else act, rule=rule, rule_options=opts, epochs=epochs,
-                              batch_size=batch_size, optimizer="sgd", lr=lr, seed=seed, out=str(folder),
+            arch, schedule, train_rule = spec.arch, "constant", rule
+            if rule == "linear-regression":
+                # the model without hidden layers, back-propagated; least squares on raw pixels:
+                # η = 1/20 is above its stability limit, hence 0.1 × η
+                sizes = spec.arch.split("-")
+                arch, schedule, train_rule = f"{sizes[0]}-{sizes[-1]}", "scaled:0.1", "backprop"
+            elif rule == "lifted-j0":
+                schedule = "warmup"   # "the first epochs utilized a smaller learning rate"
+            cfg = TrainConfig(data=spec.data, arch=arch, act="relu" if rule == "linear-regression" else act,
+                              rule=train_rule, rule_options=opts, epochs=epochs, batch_size=batch_size,
+                              optimizer="sgd", lr=lr, lr_schedule=schedule, seed=seed, out=str(folder),
                               data_dir=data_dir, limit_train=limit_train)
             if log:
                 log(f"table {n} {act} {rule}: {epochs} epochs -> {folder}")
@@ -211,7 +218,7 @@ def duality_report(data: str = "mnist", arch: str = "784-64-64-64-10", acts=("li
     from ..engine.duals import class_energies, duality_gap, free_energy
     from ..engine.dense import LiftedEnergy, contrastive_problem
     from ..losses import one_hot
-    from ..engine.dense_solvers import ReferenceSolver
+    from ..engine.solvers import ReferenceSolver
     from ..training.loop import build, run_epoch
 
     lines = ["# Dual energies and energy-based scoring of a lifted network", ""]

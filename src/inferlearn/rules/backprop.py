@@ -1,8 +1,9 @@
 """Back-propagation as a learning rule.
 
 ``∇_θ ℓ(f(x; θ), y)`` with ``ℓ`` the quadratic loss ``½‖f(x) − y‖²`` on one-hot targets (the
-lifted-network paper's loss) or cross-entropy; batch mean. For an :class:`~inferlearn.models.MLP`
-the gradient is computed by a fused hand-written backward pass (one ``addmm`` per layer forward,
+lifted-network paper's loss) or cross-entropy; batch mean. For a dense chain (an
+:class:`~inferlearn.models.MLP` or an ``nn.Sequential`` of ``Linear`` layers and box units) the gradient
+is computed by the fused backward of :mod:`inferlearn.engine.fused` (one ``addmm`` per layer forward,
 two matrix products per layer backward, no autograd graph); any other ``nn.Module`` uses autograd.
 """
 from __future__ import annotations
@@ -12,9 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..losses import LOSSES, output_loss
-from ..models import MLP
-from .base import Rule, StepInfo, accumulate_grad, register_rule
+from ..engine.chain import dense_chain
+from ..engine.fused import dense_backward
+from ..losses import check_loss, output_loss
+from ..units import UnitSet
+from .base import Rule, StepInfo, register_rule
 
 
 @register_rule
@@ -31,7 +34,7 @@ class BackProp(Rule):
 
     Args:
         loss: ``"quadratic"`` (default, MATH.md §A) or ``"cross-entropy"``.
-        fused: use the hand-written backward for MLPs (``False``: always autograd).
+        fused: use the fused backward for dense chains (``False``: always autograd).
 
     References:
         Rumelhart, Hinton & Williams (1986); the baseline of every table in the three papers.
@@ -42,42 +45,20 @@ class BackProp(Rule):
     fused: bool = True
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)}")
+        check_loss(self.loss)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        if self.fused and isinstance(model, MLP):
-            return self._mlp_backward(model, x, labels)
+        chain = dense_chain(model) if self.fused else None
+        if chain is not None:
+            loss, out = dense_backward(chain, x, labels, self.loss, _derivative_mask)
+            return StepInfo(loss=loss, output=out)
         with torch.enable_grad():
             output = model(x)
             loss = output_loss(self.loss, output, labels)
             loss.backward()
         return StepInfo(loss=float(loss.detach()), output=output.detach())
 
-    @torch.no_grad()
-    def _mlp_backward(self, model: MLP, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        layers = model.layers
-        last = len(layers) - 1
-        zs, pres = model.forward_all(x)
-        engaged = [None if u.is_linear else u.engaged(pres[k]) for k, u in enumerate(model.units, start=1)]
-        out = zs[-1]
-        batch = x.shape[0]
-        rows = torch.arange(batch, device=out.device)
-        labels = labels.long()  # uint8 labels would index as a mask
-        if self.loss == "quadratic":
-            delta = out.clone()
-            delta[rows, labels] -= 1.0
-            loss = 0.5 * torch.dot(delta.view(-1), delta.view(-1)) / batch
-        else:
-            loss = torch.nn.functional.cross_entropy(out, labels)
-            delta = torch.softmax(out, dim=1)
-            delta[rows, labels] -= 1.0
-        delta.div_(batch)
-        for k in range(last, -1, -1):
-            accumulate_grad(layers[k].weight, delta.t().mm(zs[k]), owned=True)
-            accumulate_grad(layers[k].bias, delta.sum(0), owned=True)
-            if k > 0:
-                delta = delta.mm(layers[k].weight)
-                if engaged[k - 1] is not None:
-                    delta.masked_fill_(engaged[k - 1], 0.0)
-        return StepInfo(loss=float(loss), output=out)
+
+def _derivative_mask(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``f'(a) ⊙ g`` of a box unit: ``g`` where the clamp leaves ``a`` unchanged (autograd's convention)."""
+    return g.masked_fill_(units.engaged(a), 0.0)

@@ -8,12 +8,14 @@ all-reduce work unchanged, and back-propagation is just one more rule::
         info = rule.backward(model, x, labels)
         opt.step()
 
-Contract (checked for every registered rule by ``tests/test_rule_contract.py``):
+Contract (checked for every registered rule on a model zoo by ``tests/test_rule_contract.py``):
 
 * after ``backward`` every trainable parameter has a finite ``.grad``;
 * parameter values are unchanged;
 * gradients *accumulate* into ``.grad`` (two calls give twice the gradient), like autograd;
-* the same inputs give the same gradients (determinism).
+* the same inputs give the same gradients (determinism);
+* a rule keeps no state between calls: its fields are its hyper-parameters, diagnostics travel in
+  :attr:`StepInfo.extras`, and learning-rate schedules belong to ``torch.optim.lr_scheduler``.
 
 Gradients are of batch-mean objectives, so learning rates do not depend on the batch size.
 """
@@ -73,27 +75,25 @@ class Rule(abc.ABC):
     name: ClassVar[str] = ""
 
     def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        """Validate the batch, then accumulate the rule's gradient into ``.grad`` of ``model``."""
+        """Validate the batch, then accumulate the rule's gradient into ``.grad`` of ``model``.
+
+        Raises:
+            ValueError: an empty batch, non-finite inputs, labels that are not 1-D integers, one per
+                input, within the model's outputs (the message says which).
+        """
+        if not torch.is_tensor(x) or x.dim() < 2 or x.shape[0] == 0:
+            raise ValueError(f"Expected a non-empty batch of inputs (batch, features...), got "
+                             f"{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}")
         if hasattr(model, "check_input"):
             model.check_input(x)
         elif not has_only_finite(x):
             raise ValueError("Input contains NaN or inf values")
-        n_out = getattr(model, "out_features", None)
-        if n_out is not None:
-            check_labels(labels, n_out, batch=x.shape[0])
+        check_labels(labels, getattr(model, "out_features", None), batch=x.shape[0])
         return self._backward(model, x, labels)
 
     @abc.abstractmethod
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         """Compute and accumulate gradients for a validated batch."""
-
-    def lr_scale(self, epoch: int) -> float:
-        """Multiplier of the optimiser's learning rate in ``epoch`` (0-based); 1 by default."""
-        return 1.0
-
-    def adapt_sizes(self, sizes: list[int]) -> list[int]:
-        """Layer widths of the model this rule trains, given the requested ones (identity)."""
-        return list(sizes)
 
 
 RULES: dict[str, type[Rule]] = {}

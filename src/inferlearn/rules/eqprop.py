@@ -36,15 +36,16 @@ import torch
 from torch import nn
 
 from ..engine.dense import LiftedEnergy, LiftedProblem
-from ..losses import LOSSES, one_hot, quadratic_loss
-from .base import Rule, StepInfo, check_positive, register_rule
-from .contrastive import LiftedSolverRule, apply_energy_grads, info_extras
-
-NUDGINGS = ("positive", "negative", "symmetric")
+from ..engine.fused import accumulate_dense_grads
+from ..engine.layered import LayeredProblem
+from ..engine.phases import check_beta, check_nudging, nudged_phases
+from ..losses import check_loss, loss_and_gradient, one_hot, quadratic_loss
+from .base import StepInfo, register_rule
+from .energy_rule import LiftedEnergyRule, info_extras
 
 
 def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor, beta: float, copies: int) -> LiftedProblem:
-    """A nudged problem over ``copies`` stacked copies of the batch sharing one ``a_1 = W_0 x + b_0``."""
+    """A nudged dense problem over ``copies`` stacked copies of the batch sharing one ``a_1 = W_0 x + b_0``."""
     a1 = energy.pre(1, x)
     p = LiftedProblem.__new__(LiftedProblem)
     p.energy, p.x, p.target, p.clamped, p.nudge, p.beta, p.check = (
@@ -56,16 +57,15 @@ def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor,
 
 @register_rule
 @dataclass
-class EquilibriumPropagation(LiftedSolverRule):
+class EquilibriumPropagation(LiftedEnergyRule):
     """Equilibrium propagation (free and nudged phase) on the lifted energy.
 
     Args:
         beta: nudging strength ``β > 0`` (the output moves by ``β g``); ``β → 0`` is back-propagation.
         nudging: ``"positive"``, ``"negative"`` or ``"symmetric"`` (one stacked solve of ``±β``).
-        gamma: feedback weight ``γ > 0`` of the lifted energy.
         loss: ``"quadratic"`` or ``"cross-entropy"`` (the loss whose gradient nudges the output).
-        solver, max_iter, tol, on_fail: the lifted solver (see
-            :class:`~inferlearn.rules.contrastive.Contrastive`).
+        gamma, solver, max_iter, tol, on_fail, engine: see
+            :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
 
     References:
         Scellier & Bengio (2017); Zach, bilevel paper, Table 1 ("energy + β·loss, β → 0").
@@ -77,24 +77,43 @@ class EquilibriumPropagation(LiftedSolverRule):
     loss: str = "quadratic"
 
     def __post_init__(self) -> None:
-        check_positive("beta", self.beta)
+        check_beta(self.beta)
         super().__post_init__()
-        if self.nudging not in NUDGINGS:
-            raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {list(NUDGINGS)}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)}")
+        check_nudging(self.nudging)
+        check_loss(self.loss)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        energy = LiftedEnergy.from_model(model, self.gamma)
+        chain, fused = self.chain(model)
+        if fused:
+            return self._dense(model, x.reshape(x.shape[0], -1), labels)
+        energy = self.layered_energy(chain)
+        B, L = x.shape[0], energy.depth
+        wL = energy.term_weights[L]
+        free = LayeredProblem(energy, x)
+        output = free.forward_state()[1][L]
+        h_free, info_free = self._solver.solve(free)
+        _, g = loss_and_gradient(self.loss, free.full(h_free)[-1], labels)   # at the free equilibrium
+        phases = nudged_phases(self.nudging)
+        nudge = torch.cat([p.sign * g for p in phases])
+        problem = free.stacked(len(phases), init=h_free, nudge=nudge, beta=self.beta * wL)
+        hidden, info = self._solver.solve(problem, init=[torch.cat([h] * len(phases)) for h in h_free])
+        scale = 1.0 / (self.beta * wL * B)
+        coef = torch.cat([torch.full((B,), p.weight * scale, dtype=x.dtype, device=x.device) for p in phases])
+        problem.accumulate_weight_grads(hidden, coef)
+        y = one_hot(labels, output.shape[1], output.dtype)
+        extras = info_extras(info) | {"free_solver_iterations": info_free.iterations}
+        return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
+
+    def _dense(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        chain, energy = self.chain(model)[0], self.dense_energy(model)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
         free = energy.problem(x, check=False)       # x was validated by Rule.backward
         output = free.forward_state()[1][L]          # the plain forward pass, reported as the loss
-        y = one_hot(labels, output.shape[1], output.dtype)
         h_free, info_free = self._solver.solve(free)
         zs_free = free.full(h_free)
-        out = zs_free[-1]                            # z_L* at the free equilibrium
-        g = out - y if self.loss == "quadratic" else torch.softmax(out, dim=1) - y
+        _, g = loss_and_gradient(self.loss, zs_free[-1], labels)   # at the free equilibrium z_L*
+        y = one_hot(labels, output.shape[1], output.dtype)
         scale = 1.0 / (self.beta * wL * B)
         if self.nudging == "symmetric":
             problem = _stacked_problem(energy, x, torch.cat([g, -g]), self.beta * wL, 2)
@@ -108,7 +127,6 @@ class EquilibriumPropagation(LiftedSolverRule):
             g_nudged = energy.weight_grads(problem.full(hidden), sign * scale)
             g_free = energy.weight_grads(zs_free, -sign * scale)
             grads = [(a + c, b + d) for (a, b), (c, d) in zip(g_nudged, g_free)]
-        apply_energy_grads(model, grads)
-        extras = info_extras(info)
-        extras["free_solver_iterations"] = info_free.iterations
+        accumulate_dense_grads(chain, grads)
+        extras = info_extras(info) | {"free_solver_iterations": info_free.iterations}
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)

@@ -33,26 +33,20 @@ References:
 from __future__ import annotations
 
 import copy
-import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
-import torch.nn.functional as F
 
+from ..engine.chain import dense_chain
+from ..engine.fused import dense_backward
+from ..engine.phases import check_beta
+from ..losses import check_loss, output_loss
 from ..units import UnitSet
-from ..losses import LOSSES, one_hot, quadratic_loss
-from ..models import MLP
-from .base import Rule, StepInfo, accumulate_grad, register_rule
-
-
-def _check_beta(beta) -> float:
-    ok = isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and beta > 0
-    if not ok:
-        raise ValueError(f"Invalid beta: {beta}")
-    return float(beta)
+from .base import Rule, StepInfo, register_rule
 
 
 class _FenchelFn(torch.autograd.Function):
@@ -91,7 +85,7 @@ class FenchelActivation(nn.Module):
         if not callable(f):
             raise TypeError(f"FenchelActivation needs a callable activation, got {type(f).__name__}")
         self.f = f
-        self.beta = _check_beta(beta)
+        self.beta = check_beta(beta)
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled() or not a.requires_grad:
@@ -120,7 +114,7 @@ def convert_activations(model: nn.Module, beta: float, inplace: bool = False) ->
     Returns:
         the converted model. Raises ``ValueError`` if it contains no activation module to convert.
     """
-    beta = _check_beta(beta)
+    beta = check_beta(beta)
     if not inplace:
         memo = {id(p): p for p in model.parameters()}
         memo.update({id(b): b for b in model.buffers()})
@@ -144,11 +138,6 @@ def convert_activations(model: nn.Module, beta: float, inplace: bool = False) ->
     return model
 
 
-def fenchel_delta(units: UnitSet, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
-    """``(Π_C(a) − Π_C(a − βg))/β`` for a box unit set (the MLP's hidden units)."""
-    return (units.project(a) - units.project(a - beta * g)) / beta
-
-
 @register_rule
 @dataclass
 class FenchelBackProp(Rule):
@@ -164,8 +153,9 @@ class FenchelBackProp(Rule):
 
     Note:
         The output layer is linear, so its δ is the loss gradient exactly (``z̄_L = a_L − βg``).
-        Non-MLP models are converted with :func:`convert_activations` on a parameter-sharing copy,
-        cached per model.
+        Dense chains (Linear layers with box units) use the fused recursion of
+        :func:`~inferlearn.engine.fused.dense_backward`; other models are converted with
+        :func:`convert_activations` on a parameter-sharing copy (:func:`converted_model`).
     """
 
     name = "fenchel-bp"
@@ -173,52 +163,40 @@ class FenchelBackProp(Rule):
     loss: str = "quadratic"
 
     def __post_init__(self) -> None:
-        _check_beta(self.beta)
-        if self.loss not in LOSSES:
-            raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)}")
-        self._converted: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        check_beta(self.beta)
+        check_loss(self.loss)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        if isinstance(model, MLP):
-            return self._mlp_backward(model, x, labels)
-        conv = self._converted.get(model)
-        if conv is None:
-            conv = convert_activations(model, self.beta)
-            self._converted[model] = conv
+        chain = dense_chain(model)
+        if chain is not None:
+            loss, out = dense_backward(chain, x, labels, self.loss, partial(_fenchel_local, beta=self.beta))
+            return StepInfo(loss=loss, output=out)
+        conv = converted_model(model, self.beta)
         with torch.enable_grad():
             output = conv(x)
-            if self.loss == "quadratic":
-                loss = quadratic_loss(output, one_hot(labels, output.shape[1], output.dtype))
-            else:
-                loss = F.cross_entropy(output, labels.long())
+            loss = output_loss(self.loss, output, labels)
             loss.backward()
         return StepInfo(loss=float(loss.detach()), output=output.detach())
 
-    @torch.no_grad()
-    def _mlp_backward(self, model: MLP, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        layers, B = model.layers, x.shape[0]
-        zs, pres = model.forward_all(x)
-        out = zs[-1]
-        y = one_hot(labels, out.shape[1], out.dtype)
-        if self.loss == "quadratic":
-            loss = quadratic_loss(out, y)
-            g = out - y                                   # per-sample ∂ℓ/∂z_L
-        else:
-            loss = F.cross_entropy(out, labels.long())
-            g = torch.softmax(out, dim=1) - y
-        delta = g                                         # linear output: z̄_L = a_L − βg exactly
-        scale = 1.0 / B                                   # batch mean
-        for k in range(len(layers) - 1, -1, -1):
-            ds = delta * scale
-            accumulate_grad(layers[k].weight, ds.t().mm(zs[k]), owned=True)
-            accumulate_grad(layers[k].bias, ds.sum(0), owned=True)
-            if k > 0:
-                g = delta.mm(layers[k].weight)
-                units = model.units[k - 1]
-                if not units.is_linear:
-                    # δ = (z_k − Π_C(a_k − βg))/β, reusing the forward z_k = Π_C(a_k); four in-place-friendly ops
-                    nudged = units.project(torch.add(pres[k], g, alpha=-self.beta))
-                    delta = zs[k].sub(nudged).div_(self.beta)
-                else:
-                    delta = g
-        return StepInfo(loss=float(loss), output=out)
+
+def _fenchel_local(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
+    """``δ = (z − Π_C(a − βg))/β`` with the forward ``z = Π_C(a)`` (four in-place-friendly operations)."""
+    return z.sub(units.project(torch.add(a, g, alpha=-beta))).div_(beta)
+
+
+_CONVERTED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def converted_model(model: nn.Module, beta: float) -> nn.Module:
+    """A parameter-sharing copy of ``model`` with its activations converted for ``β`` (cached per model and β).
+
+    The copy is rebuilt when the model's modules change (a cache, not rule state: the result is a
+    function of the model and β).
+    """
+    per_model = _CONVERTED.setdefault(model, {})
+    key = (beta, tuple(id(m) for m in model.modules()))
+    conv = per_model.get(key)
+    if conv is None:
+        per_model.clear()
+        conv = per_model[key] = convert_activations(model, beta)
+    return conv

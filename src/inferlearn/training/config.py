@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from ..units import get_units
 from ..data.datasets import check_name
 from ..losses import LOSSES
-from ..models import parse_arch
+from ..models import check_arch
+from .schedules import check_schedule
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -19,12 +20,15 @@ class TrainConfig:
 
     Attributes:
         data: data set name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``).
-        arch: architecture string ``784-64-64-64-10``; the first and last widths must match the data.
+        arch: ``784-64-64-64-10`` (an MLP; the first and last widths must match the data),
+            ``conv:16-32/64`` (a conv net) or ``package.module:function`` (your own model); see
+            :func:`inferlearn.models.build_model`.
         act: hidden unit type (``relu``, ``hard-sigmoid``, ``hard-tanh``, ``linear``).
         rule: learning rule name (see ``inferlearn.rules.RULES``).
         rule_options: the rule's hyper-parameters, as strings or values.
         epochs, batch_size: training length and mini-batch size.
         optimizer, lr, momentum: ``sgd`` or ``adam``; learning rate; SGD momentum.
+        lr_schedule: ``constant``, ``warmup`` or ``scaled:F`` (:mod:`inferlearn.training.schedules`).
         seed: seeds the weights and the batch order; same seed and config give the same metrics on CPU.
         init_scale: weights ``N(0, init_scale²/fan_in)``, biases 0.
         device: ``cpu`` or ``cuda``.
@@ -47,6 +51,7 @@ class TrainConfig:
     optimizer: str = "sgd"
     lr: float = 0.05
     momentum: float = 0.0
+    lr_schedule: str = "constant"
     seed: int = 0
     init_scale: float = 1.0
     device: str = "cpu"
@@ -60,7 +65,8 @@ class TrainConfig:
         from ..rules import RULES
 
         check_name(self.data)
-        parse_arch(self.arch)
+        check_arch(self.arch)
+        check_schedule(self.lr_schedule)
         get_units(self.act)
         if self.rule not in RULES:
             raise ValueError(f"Unknown rule {self.rule!r}; choose one of {sorted(RULES)}")

@@ -7,7 +7,7 @@ the metrics, write an atomic checkpoint and the learning-curve PNG.
 
 Output folder::
 
-    config.json      the TrainConfig (rerun with ``inferlearn train --config``, resume with ``--resume``)
+    config.json      the TrainConfig (resume with ``inferlearn train --resume DIR``)
     metrics.jsonl    one JSON object per epoch
     checkpoint.pt    model, optimiser, epoch and metric history (written atomically)
     curves.png       learning curves
@@ -29,9 +29,10 @@ from ..data import Dataset, load_dataset
 from ..diagnostics import active_fraction, evaluate
 from ..errors import DivergenceError
 from ..losses import quadratic_loss, one_hot
-from ..models import MLP, format_arch, parse_arch
+from ..models import build_model
 from ..plots import plot_curves
 from ..rules import Rule, make_rule
+from .schedules import make_schedule
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -41,9 +42,10 @@ class Setup:
     """The objects a run trains: data (on the device), model, rule and optimiser."""
 
     data: Dataset
-    model: MLP
+    model: torch.nn.Module
     rule: Rule
     optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
     train_x: torch.Tensor
     train_y: torch.Tensor
     test_x: torch.Tensor
@@ -54,20 +56,17 @@ class Setup:
 def build(config: TrainConfig) -> Setup:
     """Load data and build model, rule and optimiser; checks that the architecture fits the data."""
     data = load_dataset(config.data, config.data_dir)
-    sizes = parse_arch(config.arch)
-    if sizes[0] != data.n_features or sizes[-1] != data.n_classes:
-        raise ValueError(f"Architecture {config.arch} does not fit {data.name}: inputs have {data.n_features} features "
-                         f"and there are {data.n_classes} classes (e.g. {data.n_features}-64-{data.n_classes})")
     rule = make_rule(config.rule, config.rule_options)
     device = torch.device(config.device)
-    model = MLP(rule.adapt_sizes(sizes), config.act, seed=config.seed, init_scale=config.init_scale).to(device)
+    model = build_model(config.arch, config.act, data.n_features, data.n_classes, data.image_shape,
+                        seed=config.seed, init_scale=config.init_scale, data_name=data.name).to(device)
     n = config.limit_train or data.train_x.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
     else:
         opt = torch.optim.Adam(params, lr=config.lr)
-    return Setup(data, model, rule, opt, data.train_x[:n].to(device), data.train_y[:n].to(device),
+    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[:n].to(device), data.train_y[:n].to(device),
                  data.test_x.to(device), data.test_y.to(device))
 
 
@@ -89,8 +88,6 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             run's first mini-batch loss (``s.first_loss``), naming the epoch and step.
     """
     s.model.train()
-    for group in s.optimizer.param_groups:
-        group["lr"] = config.lr * s.rule.lr_scale(epoch - 1)
     order = batch_order(s.train_x.shape[0], config.seed, epoch).to(s.train_x.device)
     steps = math.ceil(len(order) / config.batch_size)
     total = 0.0
@@ -114,6 +111,7 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
         total += info.loss
         if step % 20 == 0:
             bar.set_postfix(loss=f"{info.loss:.4f}")
+    s.scheduler.step()
     return total / steps
 
 
@@ -132,7 +130,7 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
 
 def _save_checkpoint(out: Path, s: Setup, epoch: int, history: list[dict]) -> None:
     save_torch({"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
-                "history": history, "first_loss": s.first_loss}, out / CHECKPOINT)
+                "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss}, out / CHECKPOINT)
 
 
 def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=print) -> list[dict]:
@@ -154,8 +152,10 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=
         ckpt = torch.load(ckpt_path, map_location=config.device, weights_only=False)
         s.model.load_state_dict(ckpt["model"])
         s.optimizer.load_state_dict(ckpt["optimizer"])
+        if "scheduler" in ckpt:
+            s.scheduler.load_state_dict(ckpt["scheduler"])
         start, history, s.first_loss = ckpt["epoch"], ckpt["history"], ckpt.get("first_loss")
-    write_json(config.to_dict() | {"model_sizes": format_arch(s.model.sizes)}, out / "config.json")
+    write_json(config.to_dict(), out / "config.json")
     # metrics.jsonl is rebuilt from the checkpoint's history, so epochs that finished after the
     # last checkpoint (and are re-run now) are never listed twice.
     write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history), out / "metrics.jsonl")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from .dense import LiftedProblem
+from .layered import LayeredProblem, operator_norm_sq
 from ..errors import ConvergenceError, ConvergenceWarning
 
 ON_FAIL = ("warn", "raise", "ignore")
@@ -106,11 +107,11 @@ class Solver(abc.ABC):
             hidden, pre = problem.forward_state()
         else:
             problem.check_feasible(init)
-            e = problem.energy
             hidden = list(init)
-            pre = [None, problem.a1] + [e.pre(k, hidden[k - 2]) for k in range(2, problem.depth + 1)]
+            pre = problem.pre_of(hidden)
         hidden = [z.clone() for z in hidden] if self.in_place else list(hidden)
-        return self._solve(problem, hidden, list(pre))
+        with torch.no_grad():
+            return self._solve(problem, hidden, list(pre))
 
     @abc.abstractmethod
     def _solve(self, problem: LiftedProblem, hidden: list[torch.Tensor],
@@ -193,58 +194,18 @@ class CoordinateDescent(Solver):
         return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail)
 
 
-def lambda_max(W: torch.Tensor, v: torch.Tensor | None = None, iters: int = 30) -> tuple[float, torch.Tensor]:
-    """Estimate ``λ_max(WᵀW) = ‖W‖₂²`` by power iteration on the Gram matrix.
+def gram_lambda_max(W: torch.Tensor) -> float:
+    """``λ_max(WᵀW) = ‖W‖₂²`` exactly: the largest eigenvalue of the smaller Gram matrix, in float64.
 
-    Args:
-        W: the matrix.
-        v: start vector (e.g. the previous call's), default a fixed deterministic vector.
-        iters: number of iterations.
-
-    Returns:
-        ``(λ̂, v)``: the Rayleigh quotient (a lower bound of ``λ_max``) and the last iterate, to
-        warm-start the next call. About 20× cheaper than an SVD for 64×64 matrices.
+    A pure function of ``W`` (no state carried between calls, so a resumed run takes the same steps);
+    about 0.13 ms for a 64 × 64 matrix. Raises :class:`ConvergenceError` for non-finite weights.
     """
+    W = W.detach().to(torch.float64)
     G = W.t() @ W if W.shape[0] >= W.shape[1] else W @ W.t()
-    if v is None or v.shape[0] != G.shape[0]:
-        v = torch.ones(G.shape[0], dtype=W.dtype, device=W.device)
-        v[1::2] = -0.5   # generic start: not orthogonal to the leading eigenvector of a generic W
-    for _ in range(iters):
-        v = G @ v
-        v = v / v.norm().clamp_min(torch.finfo(W.dtype).tiny)
-    return float(v @ (G @ v)), v
-
-
-class _LambdaCache:
-    """``λ_max(WᵀW)`` per weight tensor, tracked as the tensor changes (``_version``).
-
-    The first call runs 30 power iterations; afterwards every ``refresh``-th change of the tensor
-    (optimiser steps) re-estimates it with ``warm_iters`` iterations warm-started from the previous
-    vector, and in between the last value is reused: weights move little per step, and the solver
-    multiplies the estimate by a safety factor. The value depends on the tensor's history only,
-    which is the same for the same seed and data.
-    """
-
-    def __init__(self, warm_iters: int = 2, refresh: int = 10):
-        self.warm_iters, self.refresh = warm_iters, refresh
-        self._store: dict[tuple, list] = {}
-
-    def __call__(self, W: torch.Tensor, exact: bool = False) -> float:
-        if exact:
-            if not bool(torch.isfinite(W).all()):
-                raise ConvergenceError("Non-finite weights: cannot solve the inference problem")
-            return float(torch.linalg.matrix_norm(W.double(), ord=2)) ** 2
-        key = (W.data_ptr(), tuple(W.shape), W.dtype)
-        hit = self._store.get(key)
-        if hit is None:
-            lam, v = lambda_max(W, None, 30)
-            self._store[key] = [W._version, lam, v, 0]
-            return lam
-        if hit[0] != W._version:
-            hit[0], hit[3] = W._version, hit[3] + 1
-            if hit[3] % self.refresh == 0:
-                hit[1], hit[2] = lambda_max(W, hit[2], self.warm_iters)
-        return hit[1]
+    lam = float(torch.linalg.eigvalsh(G)[-1]) if bool(torch.isfinite(G).all()) else math.inf
+    if not math.isfinite(lam):
+        raise ConvergenceError("Cannot solve the inference problem: non-finite weights")
+    return lam
 
 
 class BlockProjectedGradient(Solver):
@@ -268,7 +229,7 @@ class BlockProjectedGradient(Solver):
 
     Speed (``benchmarks/results/lifted_speed.md``): rows are independent, so free and clamped
     phases are solved as one stacked batch; weak feedback makes the forward pass a near-solution,
-    so few sweeps are needed; ``λ̂`` is tracked by warm-started power iteration instead of an SVD;
+    so few sweeps are needed; ``λ`` comes from a symmetric eigen-solve of the small Gram matrix;
     the stopping test runs every ``check_every`` sweeps.
 
     Args:
@@ -280,7 +241,6 @@ class BlockProjectedGradient(Solver):
         residual: ``"step"`` (default) reports the last checked sweep's step, a by-product of the
             iteration; ``"exact"`` evaluates :meth:`LiftedProblem.residuals` at the returned point
             (one more gradient evaluation).
-        exact_steps: compute ``λ_max`` by SVD for every call instead of tracking it.
         relaxation: the over-relaxation factor ``ω ∈ (0, 2)`` (1 = plain block steps).
 
     Note:
@@ -292,7 +252,7 @@ class BlockProjectedGradient(Solver):
     in_place = False
 
     def __init__(self, max_iter: int = 100, tol: float | None = 1e-5, check_every: int = 2, on_fail: str = "warn",
-                 residual: str = "step", exact_steps: bool = False, relaxation: float = 1.2):
+                 residual: str = "step", relaxation: float = 1.2, safe_steps: bool = False):
         _check_options(max_iter, tol, on_fail)
         if not (isinstance(relaxation, (int, float)) and 0 < relaxation < 2):
             raise ValueError(f"Invalid relaxation: {relaxation}")
@@ -302,26 +262,63 @@ class BlockProjectedGradient(Solver):
         if residual not in ("step", "exact"):
             raise ValueError(f"Invalid residual: {residual!r}; choose 'step' or 'exact'")
         self.max_iter, self.tol, self.check_every, self.on_fail = max_iter, tol, check_every, on_fail
-        self.residual, self.exact_steps = residual, exact_steps
-        self._lambda = _LambdaCache()
+        self.residual, self.safe_steps = residual, safe_steps
 
-    def steps(self, problem: LiftedProblem) -> list[float]:
-        """Step sizes ``t_k`` for hidden layers ``k = 1 … L−1``."""
+    def steps(self, problem: LiftedProblem | LayeredProblem, hidden: list[torch.Tensor] | None = None) -> list[float]:
+        """Step sizes ``t_k`` (in units of ``∂E/∂z_k / w_k``) for hidden layers ``k = 1 … L−1``.
+
+        ``safe_steps``: ``ω / (1 + ρ_k λ_k)`` (the Lipschitz step times ``ω``), else the over-relaxed
+        contraction-optimal step above. ``λ_k = ‖A_{k+1}‖₂²`` (for a generic chain by power iteration on
+        the map, for which ``hidden`` gives the shapes).
+        """
         e = problem.energy
         out = []
         for k in range(1, problem.depth):
             rho = e.feedback(k)
-            if k == problem.depth - 1 and problem.n_clamped == 0:
+            if k == problem.depth - 1 and problem.n_clamped == 0 and not self.safe_steps:
                 out.append(1.0)   # a free output is eliminated: the top block's Hessian is w_k I
+                continue
+            if isinstance(problem, LayeredProblem):
+                z = hidden[k - 1]
+                lam = operator_norm_sq(e.link(k + 1), z.shape[1:], z.dtype, z.device)
             else:
-                lam = self._lambda(e.weights[k], self.exact_steps)
-                if not math.isfinite(lam):
-                    raise ConvergenceError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
-                lam = 1.1 * lam   # power iteration approaches λ_max from below
+                lam = gram_lambda_max(e.weights[k])
+            if not math.isfinite(lam):
+                raise ConvergenceError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
+            if self.safe_steps:
+                out.append(self.relaxation / (1.0 + rho * lam))
+            else:
+                lam = 1.1 * lam   # margin for power iteration, which approaches λ_max from below
                 out.append(min(self.relaxation * 2.0 / (2.0 + rho * lam), 1.9 / (1.0 + rho * lam)))
         return out
 
+    def _solve_layered(self, problem: LayeredProblem, hidden, pre):
+        """The same sweeps on a generic chain: forwards and adjoints through the layer maps."""
+        e, L = problem.energy, problem.depth
+        t = self.steps(problem, hidden)
+        adj = problem.adjoints(hidden)
+        it, move = 0, math.inf
+        for it in range(1, self.max_iter + 1):
+            check = self.tol is not None and (it % self.check_every == 0 or it == self.max_iter)
+            moves = []
+            for k in range(1, L):
+                z = hidden[k - 1]
+                g = problem.block_gradient(k, hidden, pre, adj[k + 1])
+                new = e.project(k, z - (t[k - 1] / e.term_weights[k]) * g)
+                if check:
+                    moves.append((new - z).abs_().max() / t[k - 1])
+                hidden[k - 1] = new
+                pre[k + 1] = e.link(k + 1).map(new)
+            if check:
+                move = float(torch.stack(moves).max())
+                if move <= self.tol:
+                    break
+        res = move if (self.residual == "step" and self.tol is not None) else None
+        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
+
     def _solve(self, problem, hidden, pre):
+        if isinstance(problem, LayeredProblem):
+            return self._solve_layered(problem, hidden, pre)
         e, L = problem.energy, problem.depth
         t = self.steps(problem)
         alpha = [t[k - 1] * e.feedback(k) for k in range(1, L)]
@@ -378,18 +375,30 @@ class ReferenceSolver(Solver):
         self.sweeps, self.newton_steps, self.tol, self.on_fail = sweeps, newton_steps, tol, on_fail
 
     def _solve(self, problem, hidden, pre):
+        if isinstance(problem, LayeredProblem):
+            return self._solve_layered(problem, hidden, pre)
         dtype = problem.x.dtype
         p64 = problem.to(torch.float64)
         h64 = [z.to(torch.float64) for z in hidden]
         pre64 = [None] + [a.to(torch.float64) for a in pre[1:]]
         pre64[1] = p64.a1
         bpg = BlockProjectedGradient(max_iter=self.sweeps, tol=1e-10, check_every=10, on_fail="ignore",
-                                     residual="exact", exact_steps=True)
+                                     residual="exact")
         h64, info = bpg._solve(p64, h64, pre64)
         h64, n_newton = self._polish(p64, h64)
         res = float(p64.residuals(h64).max())
         info = _finish(self.name, p64, h64, info.iterations + n_newton, self.tol, self.on_fail, residual=res)
         return [z.to(dtype) for z in h64], info
+
+    def _solve_layered(self, problem: LayeredProblem, hidden, pre):
+        """Generic chains: float64 block sweeps to a residual of ``1e-11`` (no dense Hessian to polish with)."""
+        if problem.x.dtype != torch.float64:
+            raise ValueError("The reference solver needs a float64 model and input for a non-dense chain "
+                             "(model.double(), x.double())")
+        bpg = BlockProjectedGradient(max_iter=self.sweeps, tol=1e-11, check_every=10, on_fail="ignore", residual="exact")
+        hidden, info = bpg._solve_layered(problem, hidden, pre)
+        res = float(problem.residuals(hidden).max())
+        return hidden, _finish(self.name, problem, hidden, info.iterations, self.tol, self.on_fail, residual=res)
 
     def _polish(self, p: LiftedProblem, hidden: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
         e = p.energy
@@ -425,11 +434,59 @@ class ReferenceSolver(Solver):
             z = torch.where(better.unsqueeze(1), cand, z)
             if not bool(better.any()):
                 # the Newton step failed everywhere (wrong active set): a few more sweeps, then retry
-                bpg = BlockProjectedGradient(max_iter=50, tol=None, on_fail="ignore", exact_steps=True)
+                bpg = BlockProjectedGradient(max_iter=50, tol=None, on_fail="ignore")
                 hs = split(z)
                 pre = [None, p.a1] + [e.pre(k, hs[k - 2]) for k in range(2, p.depth + 1)]
                 z = torch.cat(bpg._solve(p, hs, pre)[0], dim=1)
         return split(z), steps
+
+
+class GradientSteps(Solver):
+    """Predictive coding's inference: simultaneous (projected) gradient steps on every hidden layer::
+
+        z_k ← Π_k( z_k − η ∂E/∂z_k ),   k = 1 … L−1, all from the same point
+
+    with ``∂E/∂z`` by autograd through each layer's forward (any differentiable map), ``steps``
+    times, or until the largest step ``max |η ∂E/∂z|`` is at most ``tol`` (checked every 5 steps).
+
+    Args:
+        steps: the number of steps ``T`` (PCX's benchmark setting: 15); 0 keeps the forward pass.
+        step_size: the inference rate ``η``.
+        tol: optional early-stopping tolerance (activation units); with ``tol`` set, stopping at
+            ``steps`` before reaching it warns (``on_fail``).
+        on_fail: ``"warn"``, ``"raise"`` or ``"ignore"``.
+
+    References:
+        Whittington & Bogacz (2017); PCX (Pinchetti et al. 2024), T = 15.
+    """
+
+    name = "pc-steps"
+    in_place = False
+
+    def __init__(self, steps: int = 15, step_size: float = 0.1, tol: float | None = None, on_fail: str = "warn"):
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"Invalid steps: {steps}")
+        if not (isinstance(step_size, (int, float)) and math.isfinite(step_size) and step_size > 0):
+            raise ValueError(f"Invalid step_size: {step_size}")
+        _check_options(max(steps, 1), tol, on_fail)
+        self.steps, self.step_size, self.tol, self.on_fail = steps, float(step_size), tol, on_fail
+
+    def _solve(self, problem, hidden, pre):
+        if not isinstance(problem, LayeredProblem):
+            raise TypeError("GradientSteps solves LayeredProblem instances")
+        e, eta = problem.energy, self.step_size
+        it, move = 0, math.inf
+        for it in range(1, self.steps + 1):
+            grads = problem.gradients(hidden)
+            new = [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, grads), start=1)]
+            if self.tol is not None and (it % 5 == 0 or it == self.steps):
+                move = max(float((n - z).abs().max()) for n, z in zip(new, hidden))
+            hidden = new
+            if move <= self.tol if self.tol is not None else False:
+                break
+        if self.tol is None:
+            return hidden, SolveInfo(self.name, it, move if math.isfinite(move) else 0.0, True, None)
+        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=move)
 
 
 SOLVERS = {"cd": CoordinateDescent, "block-pg": BlockProjectedGradient, "reference": ReferenceSolver}

@@ -1,0 +1,258 @@
+"""Layered models as the engine sees them: a chain ``x → A_1 → C_1 → A_2 → C_2 → … → A_L``.
+
+Every energy method needs the same thing from a model: layer maps ``A_k`` (affine for the lifted,
+contrastive and EqProp energies; any differentiable map for predictive coding) and, after each,
+a unit ``C_k`` (a box projection for lifted energies, any element-wise activation for predictive
+coding). :func:`model_chain` reads it off
+
+* an ``nn.Sequential`` (nested ones are flattened) of layer maps, each optionally followed by a unit;
+* any ``nn.Module`` that exposes its chain through the **chain protocol**: a method
+  ``inferlearn_chain(self) -> Sequence[nn.Module]`` returning the modules in the order ``forward``
+  applies them (the library's :class:`~inferlearn.models.MLP` does this);
+
+and caches it per model. Consecutive maps without a unit between them form one layer map (e.g.
+``AvgPool2d → Conv2d`` or ``Flatten → Linear``), so hidden variables ``z_k`` live exactly after the
+units. A unit module is ``nn.ReLU``, ``nn.ReLU6``, ``nn.Hardtanh`` (``nn.Hardtanh(0, 1)`` is the
+hard sigmoid), ``nn.Identity`` (a linear unit) or :class:`~inferlearn.units.Clamp`; other
+element-wise activations (``nn.Sigmoid``, ``nn.Tanh``, ``nn.Hardsigmoid``, ``nn.LeakyReLU``, ...) are
+activations but not box units.
+
+Affine maps: ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.AvgPool1d/2d/3d``, ``nn.AdaptiveAvgPool1d/2d``,
+``nn.Flatten``, ``nn.Unflatten``, batch normalisation in eval mode, and any module declared affine
+with :func:`declare_affine`. Differentiable (non-affine) maps: max pooling, layer/group
+normalisation, batch normalisation in eval mode. Anything else is refused by :func:`model_chain`
+with a message naming the module and the reason.
+
+References:
+    Zach & Estellers (2019), Sec. 3 (layered energies); Zach, "Bilevel programs meet deep learning",
+    Sec. 3 (layered bilevel programs).
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..units import UnitSet, units_of_module
+
+AFFINE_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+                nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Unflatten)
+SMOOTH_TYPES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d,
+                nn.LayerNorm, nn.GroupNorm)
+NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+ACTIVATION_TYPES = (nn.Sigmoid, nn.Tanh, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Softplus,
+                    nn.Mish, nn.Hardswish, nn.CELU, nn.SELU, nn.Softsign, nn.Tanhshrink)
+
+AFFINE = "affine"               # what the lifted, contrastive, EqProp and lifted-Fenchel energies need
+DIFFERENTIABLE = "differentiable"   # what predictive coding needs
+
+
+def declare_affine(module: nn.Module) -> nn.Module:
+    """Declare a module of yours affine (``m(u + v) − m(0) = (m(u) − m(0)) + (m(v) − m(0))``), so that the
+    lifted energies accept it. The engine then uses its forward and autograd's vector–Jacobian
+    product as ``A`` and ``Aᵀ``. Returns the module."""
+    module.inferlearn_affine = True
+    return module
+
+
+def _is_affine(m: nn.Module) -> bool:
+    if getattr(m, "inferlearn_affine", False):
+        return True
+    if isinstance(m, NORM_TYPES):
+        return not m.training
+    return isinstance(m, AFFINE_TYPES)
+
+
+def _leaves(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
+    """The modules of a chain in order, with their dotted paths (Sequentials and protocols expanded)."""
+    protocol = getattr(module, "inferlearn_chain", None)
+    if callable(protocol):
+        items = list(protocol())
+        if not all(isinstance(m, nn.Module) for m in items):
+            raise TypeError(f"{type(module).__name__}.inferlearn_chain() must return nn.Module objects")
+        named = {id(m): n for n, m in module.named_modules()}
+        out = []
+        for i, m in enumerate(items):
+            sub = named.get(id(m), f"inferlearn_chain()[{i}]")
+            out += _leaves(m, f"{path}.{sub}" if path else sub) if m is not module else [(path, m)]
+        return out
+    if isinstance(module, nn.Sequential):
+        out = []
+        for name, m in module.named_children():
+            out += _leaves(m, f"{path}.{name}" if path else name)
+        return out
+    return [(path or type(module).__name__, module)]
+
+
+@dataclass(frozen=True, eq=False)
+class Link:
+    """One layer of a chain: a layer map ``A_k`` (one or more modules) and the unit after it.
+
+    Attributes:
+        maps: the modules composing ``A_k``, applied in order.
+        activation: the activation module after ``A_k`` (``None``: identity, e.g. a linear output).
+        units: the box unit set of ``activation`` (``None`` when it is not a box projection).
+        names: dotted paths of ``maps`` in the model (for messages).
+    """
+
+    maps: tuple[nn.Module, ...]
+    activation: nn.Module | None
+    units: UnitSet | None
+    names: tuple[str, ...]
+
+    @property
+    def linear(self) -> nn.Linear | None:
+        """The ``nn.Linear`` when the map is one (possibly after a ``Flatten``), else ``None``."""
+        core = [m for m in self.maps if not isinstance(m, nn.Flatten)]
+        if len(core) == 1 and isinstance(core[0], nn.Linear) and all(
+                m.start_dim == 1 and m.end_dim == -1 for m in self.maps if isinstance(m, nn.Flatten)):
+            return core[0]
+        return None
+
+    def map(self, z: torch.Tensor) -> torch.Tensor:
+        """``a_k = A_k(z_{k-1})``."""
+        for m in self.maps:
+            z = m(z)
+        return z
+
+    def act(self, a: torch.Tensor) -> torch.Tensor:
+        """``f_k(a_k)`` (the identity without an activation)."""
+        return a if self.activation is None else self.activation(a)
+
+    def parameters(self):
+        for m in self.maps:
+            yield from m.parameters()
+
+
+class Chain:
+    """A model read as a chain of :class:`Link` objects (build with :func:`model_chain`).
+
+    Attributes:
+        links: ``L`` links; hidden variables sit after links ``1 … L−1``, the output after link ``L``.
+        model: the model it was read from.
+    """
+
+    def __init__(self, model: nn.Module, links: Sequence[Link], modules: Sequence[nn.Module]):
+        self.model, self.links, self._modules = model, tuple(links), tuple(modules)
+
+    @property
+    def depth(self) -> int:
+        return len(self.links)
+
+    @property
+    def is_dense(self) -> bool:
+        """True when every map is one ``nn.Linear`` (a ``Flatten`` may precede the first), every hidden
+        unit a box and the output linear: the case the fused MLP paths specialise."""
+        if any(l.linear is None for l in self.links) or not self.linear_output:
+            return False
+        if any(isinstance(m, nn.Flatten) for l in self.links[1:] for m in l.maps):
+            return False
+        return all(l.units is not None for l in self.links[:-1])
+
+    @property
+    def linear_output(self) -> bool:
+        """True when the last link has no activation (or an identity)."""
+        last = self.links[-1]
+        return last.activation is None or (last.units is not None and last.units.is_linear)
+
+    def forward_all(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``([x, z_1, …, z_L], [x, a_1, …, a_L])``: activations and pre-activations of the forward pass."""
+        zs, pre = [x], [x]
+        for link in self.links:
+            a = link.map(zs[-1])
+            pre.append(a)
+            zs.append(link.act(a))
+        return zs, pre
+
+    def check_structure(self, need: str, rule: str) -> None:
+        """Raise ``ValueError`` naming the first module that ``rule`` cannot handle.
+
+        Args:
+            need: :data:`AFFINE` (affine maps, box units, linear output) or :data:`DIFFERENTIABLE`.
+        """
+        for k, link in enumerate(self.links, start=1):
+            for name, m in zip(link.names, link.maps):
+                if need == AFFINE and not _is_affine(m):
+                    why = ("batch normalisation in training mode is not affine (call model.eval() or "
+                           "remove it)") if isinstance(m, NORM_TYPES) else "it is not an affine map"
+                    raise ValueError(f"Rule {rule!r} cannot use module {name!r} ({type(m).__name__}): {why}. "
+                                     "The lifted energies need affine layer maps (Linear, Conv, AvgPool, Flatten) "
+                                     "with box units; declare your own affine module with inferlearn.declare_affine, "
+                                     "or use backprop, fenchel-bp or pc")
+                if isinstance(m, NORM_TYPES) and m.training:
+                    raise ValueError(f"Rule {rule!r} cannot use module {name!r} ({type(m).__name__}) in training "
+                                     "mode: inference evaluates it many times, which would update its running "
+                                     "statistics; call model.eval() on it")
+            if need == AFFINE and k < self.depth and link.units is None:
+                raise ValueError(f"Rule {rule!r} cannot use activation {type(link.activation).__name__} after "
+                                 f"{link.names[-1]!r}: the lifted energies need box units (ReLU, ReLU6, Hardtanh, "
+                                 "Identity, inferlearn.units.Clamp); use pc, backprop or fenchel-bp for other activations")
+        if need == AFFINE and not self.linear_output:
+            raise ValueError(f"Rule {rule!r} needs a linear output layer, but the model ends with "
+                             f"{type(self.links[-1].activation).__name__}; remove the final activation")
+
+
+def _parse(model: nn.Module) -> Chain:
+    leaves = _leaves(model, "")
+    if not leaves:
+        raise ValueError(f"{type(model).__name__} has no layers")
+    links: list[Link] = []
+    maps: list[nn.Module] = []
+    names: list[str] = []
+    for name, m in leaves:
+        units = units_of_module(m)
+        if units is not None or isinstance(m, ACTIVATION_TYPES):
+            if not maps:
+                where = "starts the model" if not links else f"follows another activation ({links[-1].names[-1]!r})"
+                raise ValueError(f"Activation {name!r} ({type(m).__name__}) {where}; a chain alternates layer maps "
+                                 "and units (x → map → unit → map → … → map)")
+            links.append(Link(tuple(maps), m, units, tuple(names)))
+            maps, names = [], []
+        elif _is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES):
+            maps.append(m)
+            names.append(name)
+        else:
+            raise ValueError(f"Module {name!r} ({type(m).__name__}) is neither a layer map nor a unit the engine "
+                             "knows. Supported: Linear, Conv, AvgPool, MaxPool, Flatten, normalisation layers and "
+                             "element-wise activations; expose your model's chain with an inferlearn_chain() method, "
+                             "or declare an affine module with inferlearn.declare_affine")
+    if maps:
+        links.append(Link(tuple(maps), None, None, tuple(names)))
+    return Chain(model, links, [m for _, m in leaves])
+
+
+_CACHE: "weakref.WeakKeyDictionary[nn.Module, Chain]" = weakref.WeakKeyDictionary()
+
+
+def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rule") -> Chain:
+    """The chain of ``model`` (parsed once and cached per model), checked for what ``rule`` needs.
+
+    Args:
+        need: :data:`AFFINE`, :data:`DIFFERENTIABLE` or ``None`` (no check).
+        rule: the rule's name, for messages.
+
+    Raises:
+        ValueError: the model is not a chain, or a module is one ``rule`` cannot handle (the
+            message names the module and the reason).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Expected an nn.Module, got {type(model).__name__}")
+    chain = _CACHE.get(model)
+    if chain is None or [id(m) for m in chain._modules] != [id(m) for _, m in _leaves(model, "")]:
+        chain = _parse(model)
+        _CACHE[model] = chain
+    if need is not None:
+        chain.check_structure(need, rule)
+    return chain
+
+
+def dense_chain(model: nn.Module) -> Chain | None:
+    """The chain of ``model`` when it is dense (:attr:`Chain.is_dense`), else ``None`` (also for non-chains)."""
+    try:
+        chain = model_chain(model)
+    except (ValueError, TypeError):
+        return None
+    return chain if chain.is_dense else None

@@ -1,0 +1,145 @@
+"""Fused paths for dense chains (``Linear`` layers with box units): hand-written loops, no autograd graph.
+
+They specialise the generic engine (:mod:`inferlearn.engine.layered`) and the autograd rules to the
+MLP, where a few ``addmm`` calls per layer beat autograd's bookkeeping, and are tested equal to the
+generic paths in float64 (``tests/test_engine_generic.py``).
+
+* :func:`dense_backward` -- back-propagation with a pluggable local backward of the units: the
+  derivative mask (:class:`~inferlearn.rules.backprop.BackProp`) or Fenchel back-propagation's
+  finite difference (:class:`~inferlearn.rules.fenchel.FenchelBackProp`);
+* :func:`dense_predictive_coding` -- predictive coding's ``T`` simultaneous steps on the penalty energy.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..losses import loss_and_gradient
+from ..units import UnitSet
+from .chain import Chain
+
+LocalBackward = Callable[[UnitSet, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def accumulate_dense_grads(chain: Chain, grads) -> None:
+    """Accumulate ``[(∇W_k, ∇b_k)]`` (fresh tensors, owned by the caller) into the ``Linear`` layers' ``.grad``."""
+    for link, (gw, gb) in zip(chain.links, grads):
+        layer = link.linear
+        for p, g in ((layer.weight, gw), (layer.bias, gb)):
+            if p is None or not p.requires_grad:
+                continue
+            g = g.detach().to(p.dtype)
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad.add_(g)
+
+
+def dense_forward(chain: Chain, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``([x, z_1, …, z_L], [x, a_1, …, a_L])`` with one ``addmm`` per layer (the input flattened)."""
+    zs, pre = [x.reshape(x.shape[0], -1)], [None]
+    for k, link in enumerate(chain.links, start=1):
+        lin = link.linear
+        a = torch.addmm(lin.bias, zs[-1], lin.weight.t()) if lin.bias is not None else zs[-1].mm(lin.weight.t())
+        pre.append(a)
+        zs.append(a if k == chain.depth else link.units.project(a))
+    pre[0] = zs[0]
+    return zs, pre
+
+
+@torch.no_grad()
+def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: str,
+                   local: LocalBackward) -> tuple[float, torch.Tensor]:
+    """Back-propagate the loss through a dense chain with ``δ_k = local(units, z_k, a_k, g_k)``.
+
+    ``g_k = W_kᵀ δ_{k+1}`` is the gradient arriving at ``z_k``; ``δ_L`` is the per-sample output gradient
+    (the output is linear). Weight gradients ``δ_{k+1} z_kᵀ / B`` (batch mean) accumulate into ``.grad``.
+
+    Returns:
+        ``(loss, output)``.
+    """
+    zs, pres = dense_forward(chain, x)
+    out = zs[-1]
+    value, delta = loss_and_gradient(loss, out, labels)
+    scale = 1.0 / x.shape[0]
+    grads = [None] * chain.depth
+    for k in range(chain.depth - 1, -1, -1):
+        ds = delta * scale
+        grads[k] = (ds.t().mm(zs[k]), ds.sum(0))
+        if k > 0:
+            link = chain.links[k - 1]
+            g = delta.mm(chain.links[k].linear.weight)
+            delta = g if link.units.is_linear else local(link.units, zs[k], pres[k], g)
+    accumulate_dense_grads(chain, grads)
+    return float(value), out
+
+
+@torch.no_grad()
+def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor, steps: int, eta: float,
+                            precision: float, tol: float | None):
+    """Predictive coding on a dense chain: ``T`` simultaneous steps, then the envelope gradient.
+
+    The penalty energy ``F = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − a_L‖²`` (``π`` = ``precision``).
+    With ``ε_k = z_k − f_k(a_k)`` and ``d_k = ε_k ⊙ f_k'(a_k)``::
+
+        z_k ← z_k − η ε_k + η W_kᵀ d_{k+1}          (simultaneous, from the forward pass)
+        ∇W_{k-1} = −d_k z_{k-1}ᵀ / (Bπ),   ∇b_{k-1} = −d_k / (Bπ)
+
+    Returns:
+        ``(grads, output, hidden, steps_done, last_move)``.
+    """
+    Ws = [l.linear.weight for l in chain.links]
+    bs = [l.linear.bias for l in chain.links]
+    units = [l.units for l in chain.links[:-1]]
+    L, B = len(Ws), x.shape[0]
+    x = x.reshape(B, -1)
+    a1 = torch.addmm(bs[0], x, Ws[0].t())
+    lin = [u.is_linear for u in units] + [True]
+    mu1 = units[0].project(a1) if L > 1 else a1
+    m1 = None if L == 1 or lin[0] else mu1 == a1    # f'(a) of a box unit: 1 where the clamp leaves a unchanged
+    z = [x]
+    for k in range(1, L):                            # forward pass: hidden errors start at 0
+        z.append(mu1 if k == 1 else units[k - 1].project(torch.addmm(bs[k - 1], z[-1], Ws[k - 1].t())))
+    out = torch.addmm(bs[L - 1], z[L - 1], Ws[L - 1].t())
+    z = [x] + [t.clone() for t in z[1:L]] + [target]
+    it, move = 0, math.inf
+    eps, d = [None] * (L + 1), [None] * (L + 1)
+    for it in range(1, steps + 1):
+        for k in range(1, L + 1):
+            if k == 1:
+                mu, m = mu1, m1
+            else:
+                a = torch.addmm(bs[k - 1], z[k - 1], Ws[k - 1].t())
+                if k < L and not lin[k - 1]:
+                    mu = units[k - 1].project(a)
+                    m = mu == a
+                else:
+                    mu, m = a, None
+            eps[k] = z[k] - mu
+            d[k] = eps[k] if m is None else eps[k] * m
+        if precision != 1.0:
+            d[L] = d[L] * precision
+        check = tol is not None and (it % 5 == 0 or it == steps)
+        moves = []
+        for k in range(1, L):
+            if check:
+                moves.append(torch.addmm(eps[k], d[k + 1], Ws[k], alpha=-1.0).abs().max())
+            z[k].sub_(eps[k], alpha=eta).addmm_(d[k + 1], Ws[k], alpha=eta)
+        if check:
+            move = float(torch.stack(moves).max()) * eta if moves else 0.0
+            if move <= tol:
+                break
+    grads = []
+    for k in range(1, L + 1):
+        a = a1 if k == 1 else torch.addmm(bs[k - 1], z[k - 1], Ws[k - 1].t())
+        if k < L:
+            e = z[k] - units[k - 1].project(a)
+            if not units[k - 1].is_linear:
+                e = e * (~units[k - 1].engaged(a)).to(a.dtype)
+        else:
+            e = (z[k] - a) * precision
+        e = e * (-1.0 / (B * precision))
+        grads.append((e.t().mm(z[k - 1]), e.sum(0)))
+    return grads, out, z[1:L], it, move

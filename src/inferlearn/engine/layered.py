@@ -1,0 +1,339 @@
+"""Layered energies on any chain (conv nets included): one energy abstraction from per-layer terms.
+
+For a :class:`~inferlearn.engine.chain.Chain` ``x → A_1 → C_1 → … → A_L`` with pre-activations
+``a_k = A_k(z_{k-1})`` and term weights ``w_k``, the energy is ``E(z) = Σ_k w_k T_k(z_k, a_k)`` with one of
+three per-layer terms (:data:`KINDS`)::
+
+    lifted    T_k = ½‖z_k − a_k‖²,                        z_k ∈ C_k       (lifted / contrastive / EqProp)
+    penalty   T_k = ½‖z_k − f_k(a_k)‖²,                   z_k free        (predictive coding)
+    fenchel   T_k = ½‖z_k − a_k‖² − ½‖Π_{C_k}(a_k) − a_k‖², z_k ∈ C_k       (Fenchel–Young gap, lifted Fenchel)
+
+(the ``fenchel`` term is ``G(z_k) + G*(a_k) − z_kᵀa_k ≥ 0`` for the box unit's potential ``G``, zero
+exactly at ``z_k = Π(a_k)``). The output ``z_L`` of a row is *clamped* (``z_L := y``), *free* (a
+variable; for the lifted term it is eliminated, ``z_L = a_L``) or *nudged* (free plus ``β gᵀz_L``, so
+``z_L = a_L − βg/w_L``), as in the dense :class:`~inferlearn.engine.dense.LiftedProblem`.
+
+What the engine needs from each layer map is its forward and, for the lifted and Fenchel terms
+whose maps are affine, the adjoint ``A_kᵀ`` of its linear part: autograd's vector–Jacobian product
+(exact for affine maps, at any point), with an analytic fast path ``rW`` for ``nn.Linear``. The
+block gradient of hidden layer ``k`` is::
+
+    ∂E/∂z_k = w_k (z_k − a_k) − w_{k+1} A_{k+1}ᵀ r_{k+1},   r_{k+1} = z_{k+1} − a_{k+1}  (lifted)
+                                                          r_{k+1} = z_{k+1} − Π(a_{k+1}) (fenchel)
+
+The ``penalty`` term (any differentiable map and activation) is differentiated by autograd as a
+whole. Weight gradients come from the energy at the minimiser (envelope theorem): the terms are
+re-evaluated at the fixed ``z*`` with the parameters in the graph and back-propagated
+(:meth:`LayeredProblem.accumulate_weight_grads`), so conv layers need no gradient code of their own.
+
+References:
+    Zach & Estellers (2019), Eqs. 2, 7 and 9; Zach, "Bilevel programs meet deep learning", Table 1;
+    Whittington & Bogacz (2017) (predictive coding); Gu et al. (2020) (Fenchel lifted networks).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .chain import Chain, Link
+
+KINDS = ("lifted", "penalty", "fenchel")
+
+
+class LayeredEnergy:
+    """``E(z) = Σ_k w_k T_k(z_k, A_k(z_{k-1}))`` over a chain, with the term ``kind``.
+
+    Args:
+        chain: the model's chain.
+        kind: ``"lifted"``, ``"penalty"`` or ``"fenchel"``.
+        term_weights: ``[w_1, …, w_L]`` (positive).
+    """
+
+    def __init__(self, chain: Chain, kind: str, term_weights: Sequence[float]):
+        if kind not in KINDS:
+            raise ValueError(f"Unknown energy kind {kind!r}; choose one of {list(KINDS)}")
+        if len(term_weights) != chain.depth or not all(math.isfinite(w) and w > 0 for w in term_weights):
+            raise ValueError(f"Need {chain.depth} positive term weights, got {list(term_weights)}")
+        self.chain, self.kind = chain, kind
+        self.term_weights = [0.0] + [float(w) for w in term_weights]   # index k = 1 … L
+
+    @classmethod
+    def lifted(cls, chain: Chain, gamma: float, kind: str = "lifted") -> "LayeredEnergy":
+        """Term weights ``w_k = γ^{k-1}`` (the lifted paper's feedback weight ``γ``)."""
+        return cls(chain, kind, [gamma ** (k - 1) for k in range(1, chain.depth + 1)])
+
+    @property
+    def depth(self) -> int:
+        return self.chain.depth
+
+    def link(self, k: int) -> Link:
+        return self.chain.links[k - 1]
+
+    def feedback(self, k: int) -> float:
+        """``ρ_k = w_{k+1} / w_k``."""
+        return self.term_weights[k + 1] / self.term_weights[k]
+
+    def term(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Per-row ``T_k(z_k, a_k)`` (unweighted)."""
+        link = self.link(k)
+        if self.kind == "penalty":
+            d = z - link.act(a)
+        else:
+            d = z - a
+        v = 0.5 * d.pow(2).flatten(1).sum(1)
+        if self.kind == "fenchel" and k < self.depth:
+            v = v - 0.5 * (link.units.project(a) - a).pow(2).flatten(1).sum(1)
+        return v
+
+    def residual(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """``r_k`` with ``∂T_k/∂a_k = −r_k`` for the lifted and Fenchel terms (the error sent down)."""
+        if self.kind == "fenchel" and k < self.depth:
+            return z - self.link(k).units.project(a)
+        return z - a
+
+    def project(self, k: int, z: torch.Tensor) -> torch.Tensor:
+        """``Π_{C_k}`` for hidden layer ``k`` (the identity for the unconstrained penalty variables)."""
+        if self.kind == "penalty":
+            return z
+        return self.link(k).units.project(z)
+
+
+class _Adjoint:
+    """``v ↦ A_kᵀ v`` for the linear part of an affine layer map, at a fixed batch shape.
+
+    ``nn.Linear`` uses ``v W``; any other map autograd's vector–Jacobian product on a graph built
+    once (at zero input) and reused (``retain_graph``), which for an affine map is the adjoint.
+    """
+
+    def __init__(self, link: Link, z_shape: torch.Size, dtype: torch.dtype, device: torch.device):
+        self.linear = link.linear if not any(isinstance(m, torch.nn.Flatten) for m in link.maps) else None
+        self.link, self.z_shape = link, z_shape
+        if self.linear is None:
+            with torch.enable_grad():
+                self._p = torch.zeros(z_shape, dtype=dtype, device=device, requires_grad=True)
+                self._out = link.map(self._p)
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        if self.linear is not None:
+            return v.mm(self.linear.weight.detach())
+        return torch.autograd.grad(self._out, self._p, v, retain_graph=True)[0]
+
+
+def operator_norm_sq(link: Link, z_shape: Sequence[int], dtype: torch.dtype, device: torch.device,
+                     iters: int = 30) -> float:
+    """``λ_max(AᵀA) = ‖A‖₂²`` of the linear part of an affine map on inputs of shape ``z_shape`` (one row).
+
+    ``nn.Linear``: the largest eigenvalue of the smaller Gram matrix (exact). Other maps: ``iters``
+    power iterations ``v ← Aᵀ(A v − A 0)`` through the map's forward and autograd's adjoint, from a fixed
+    start (deterministic; a lower bound that approaches ``λ_max``; callers add a safety factor).
+    """
+    with torch.no_grad():
+        lin = link.linear
+        if lin is not None:
+            W = lin.weight.detach().to(torch.float64)
+            G = W.t() @ W if W.shape[0] >= W.shape[1] else W @ W.t()
+            return float(torch.linalg.eigvalsh(G)[-1])
+        shape = (1, *z_shape)
+        adj = _Adjoint(link, torch.Size(shape), dtype, device)
+        a0 = adj._out.detach()
+        v = torch.ones(shape, dtype=dtype, device=device)
+        v.view(-1)[1::2] = -0.5
+        v = v / v.norm()
+        lam = 0.0
+        for _ in range(iters):
+            w = adj(link.map(v) - a0)
+            lam = float((v * w).sum())
+            n = w.norm()
+            if not bool(torch.isfinite(n)) or float(n) == 0.0:
+                break
+            v = w / n
+        return lam
+
+
+class LayeredProblem:
+    """One batch of inference problems ``min_z E`` on a :class:`LayeredEnergy` (rows may mix output modes).
+
+    Args:
+        energy: the layered energy.
+        x: inputs (rows = samples, any shape the first map takes).
+        target: output values of clamped rows (shape of the model's output).
+        clamped: ``(rows,)`` bool mask of clamped rows (default: all rows when ``target`` is given).
+        nudge: ``g``, the direction of the linear nudge ``β gᵀz_L`` on free rows (lifted term only).
+        beta: the nudge strength (any sign).
+        a1: the first pre-activation ``A_1(x)`` if already computed (stacked phases share it).
+    """
+
+    def __init__(self, energy: LayeredEnergy, x: torch.Tensor, target: torch.Tensor | None = None,
+                 clamped: torch.Tensor | None = None, nudge: torch.Tensor | None = None, beta: float = 0.0,
+                 a1: torch.Tensor | None = None):
+        self.energy, self.x, self.target = energy, x, target
+        B = x.shape[0]
+        if clamped is None:
+            clamped = torch.full((B,), target is not None, dtype=torch.bool, device=x.device)
+        self.clamped = clamped
+        self.n_clamped = int(clamped.sum())
+        if self.n_clamped and target is None:
+            raise ValueError("Clamped rows need a target")
+        with torch.no_grad():
+            self.a1 = energy.link(1).map(x) if a1 is None else a1
+        self._free_res = None
+        if nudge is not None and beta != 0:
+            r = (-beta / energy.term_weights[energy.depth]) * nudge
+            if self.n_clamped:
+                r = r * self._row_mask(~clamped, r)
+            self._free_res = r
+        self.nudge, self.beta = nudge, beta
+        self._fwd = None
+
+    @staticmethod
+    def _row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return mask.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
+
+    @property
+    def batch(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def depth(self) -> int:
+        return self.energy.depth
+
+    def output(self, a_top: torch.Tensor) -> torch.Tensor:
+        """``z_L`` given ``a_L``: the target on clamped rows, ``a_L`` (plus the nudge shift) on free rows."""
+        free = a_top if self._free_res is None else a_top + self._free_res
+        if self.n_clamped == 0:
+            return free
+        if self.n_clamped == self.batch:
+            return self.target
+        return torch.where(self._row_mask(self.clamped, a_top).bool(), self.target, free)
+
+    @torch.no_grad()
+    def forward_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """``(hidden, pre)`` of the forward pass: ``z_k = f_k(a_k)``, ``pre[k] = a_k`` (``pre[0]`` is ``None``)."""
+        if self._fwd is None:
+            hidden, pre, z = [], [None, self.a1], None
+            for k in range(1, self.depth):
+                if k > 1:
+                    pre.append(self.energy.link(k).map(z))
+                z = self.energy.link(k).act(pre[k])
+                hidden.append(z)
+            pre.append(self.energy.link(self.depth).map(z if self.depth > 1 else self.x))
+            self._fwd = (hidden, pre)
+        return self._fwd
+
+    def pre_of(self, hidden: Sequence[torch.Tensor], fresh_a1: bool = False) -> list[torch.Tensor | None]:
+        """``[None, a_1, …, a_L]`` at ``hidden`` (``fresh_a1``: recompute ``a_1 = A_1(x)``, e.g. to
+        differentiate with respect to the first layer's parameters, instead of the cached one)."""
+        zs = [self.x, *hidden]
+        a1 = self.energy.link(1).map(self.x) if fresh_a1 else self.a1
+        return [None, a1] + [self.energy.link(k).map(zs[k - 1]) for k in range(2, self.depth + 1)]
+
+    def full(self, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+        """``[x, z_1, …, z_{L-1}, z_L]`` with the output clamped or eliminated."""
+        if pre is None:
+            top = hidden[-1] if hidden else self.x
+            a_top = self.energy.link(self.depth).map(top)
+        else:
+            a_top = pre[self.depth]
+        return [self.x, *hidden, self.output(a_top)]
+
+    def value(self, hidden: Sequence[torch.Tensor], fresh_a1: bool | None = None) -> torch.Tensor:
+        """Per-row energy (with the output clamped or eliminated, and the nudge term on free rows).
+
+        Differentiable in ``hidden`` and, when grad mode is on (``fresh_a1`` defaults to it), in
+        every parameter of the chain.
+        """
+        e = self.energy
+        pre = self.pre_of(hidden, torch.is_grad_enabled() if fresh_a1 is None else fresh_a1)
+        zs = self.full(hidden, pre)
+        v = sum(e.term_weights[k] * e.term(k, zs[k], pre[k]) for k in range(1, self.depth + 1))
+        if self._free_res is not None:
+            g = self.nudge * (1.0 if self.n_clamped == 0 else self._row_mask(~self.clamped, self.nudge))
+            v = v + self.beta * (g * zs[-1]).flatten(1).sum(1)
+        return v
+
+    def adjoints(self, hidden: Sequence[torch.Tensor]) -> list[_Adjoint | None]:
+        """``[None, None, A_2ᵀ, …, A_Lᵀ]`` for the batch's hidden shapes (index ``k`` is ``A_kᵀ``)."""
+        return [None, None] + [_Adjoint(self.energy.link(k), hidden[k - 2].shape, hidden[k - 2].dtype,
+                                        hidden[k - 2].device) for k in range(2, self.depth + 1)]
+
+    def top_residual(self, a_top: torch.Tensor) -> torch.Tensor:
+        """``r_L = z_L − a_L``."""
+        return self.output(a_top) - a_top
+
+    def block_gradient(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor],
+                       adjoint: _Adjoint) -> torch.Tensor:
+        """``∂E/∂z_k`` of hidden layer ``k`` (lifted and Fenchel terms) at ``hidden`` with ``pre[j] = a_j``."""
+        e = self.energy
+        z = hidden[k - 1]
+        if k + 1 == self.depth:
+            r = self.top_residual(pre[k + 1])
+        else:
+            r = e.residual(k + 1, hidden[k], pre[k + 1])
+        return e.term_weights[k] * (z - pre[k]) - e.term_weights[k + 1] * adjoint(r)
+
+    def gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``[∂E/∂z_1, …, ∂E/∂z_{L-1}]`` by autograd of the whole energy (any term kind)."""
+        with torch.enable_grad():
+            hs = [h.detach().requires_grad_(True) for h in hidden]
+            total = self.value(hs, fresh_a1=False).sum()
+            return list(torch.autograd.grad(total, hs))
+
+    def residuals(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Per-row optimality residual ``max_k ‖z_k − Π_k(z_k − ∂E/∂z_k / w_k)‖_∞`` (0 at the minimiser)."""
+        out = torch.zeros(self.batch, dtype=self.x.dtype, device=self.x.device)
+        for k, (z, g) in enumerate(zip(hidden, self.gradients(hidden)), start=1):
+            v = z - self.energy.project(k, z - g / self.energy.term_weights[k])
+            out = torch.maximum(out, v.abs().flatten(1).amax(dim=1))
+        return out
+
+    def stacked(self, copies: int, init: Sequence[torch.Tensor] | None = None, **kwargs) -> "LayeredProblem":
+        """``copies`` stacked copies of this batch as one problem (phases solved together), sharing
+        ``A_1(x)`` and the forward pass (or the point ``init``, e.g. the free equilibrium, as the start).
+
+        ``kwargs`` (``target``, ``clamped``, ``nudge``, ``beta``) describe the stacked rows.
+        """
+        p = LayeredProblem(self.energy, torch.cat([self.x] * copies), a1=torch.cat([self.a1] * copies), **kwargs)
+        hidden, pre = self.forward_state() if init is None else (list(init), self.pre_of(init))
+        p._fwd = ([torch.cat([h] * copies) for h in hidden], [None] + [torch.cat([a] * copies) for a in pre[1:]])
+        return p
+
+    def check_feasible(self, hidden: Sequence[torch.Tensor]) -> None:
+        """Raise ``ValueError`` if ``hidden`` has the wrong number of layers or shapes, or leaves a unit set."""
+        fwd = self.forward_state()[0]
+        if len(hidden) != len(fwd):
+            raise ValueError(f"Expected {len(fwd)} hidden layers, got {len(hidden)}")
+        for k, (z, f) in enumerate(zip(hidden, fwd), start=1):
+            if z.shape != f.shape:
+                raise ValueError(f"Hidden layer {k} must have shape {tuple(f.shape)}, got {tuple(z.shape)}")
+            if self.energy.kind != "penalty" and not torch.equal(self.energy.project(k, z), z):
+                raise ValueError(f"Hidden layer {k} leaves its unit set {self.energy.link(k).units.name}")
+
+    def accumulate_weight_grads(self, hidden: Sequence[torch.Tensor], coef: torch.Tensor | float,
+                                layer_scale: Sequence[float] | None = None) -> None:
+        """Add ``Σ_rows coef_i Σ_k s_k w_k ∇_θ T_k(z*_k, A_k(z*_{k-1}))`` to the parameters' ``.grad``.
+
+        The envelope theorem: at a minimiser ``z*`` (held fixed, including an eliminated output) the
+        gradient of ``min_z E`` with respect to the parameters is the partial gradient of ``E``.
+
+        Args:
+            hidden: the hidden layers at the minimiser.
+            coef: per-row coefficients ``(rows,)`` or a scalar.
+            layer_scale: optional ``s_k`` per layer (``k = 1 … L``), e.g. ``1/w_k``; default 1.
+        """
+        e = self.energy
+        with torch.no_grad():
+            zs = [z.detach() for z in self.full(hidden)]
+        with torch.enable_grad():
+            total = 0.0
+            for k in range(1, self.depth + 1):
+                link = e.link(k)
+                if not any(p.requires_grad for p in link.parameters()):
+                    continue
+                a = link.map(zs[k - 1])
+                t = e.term(k, zs[k], a)
+                s = e.term_weights[k] * (1.0 if layer_scale is None else layer_scale[k - 1])
+                total = total + s * ((t * coef).sum() if torch.is_tensor(coef) else coef * t.sum())
+            if torch.is_tensor(total) and total.requires_grad:
+                total.backward()

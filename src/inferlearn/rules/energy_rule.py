@@ -1,0 +1,93 @@
+"""The base of the rules that infer activations on a lifted energy: γ, the solver and the engine choice.
+
+Contrastive learning, equilibrium propagation and standard lifted training all build the lifted
+energy of the model's chain (:mod:`inferlearn.engine.chain`), minimise it in one or more phases and
+read the weight gradient off the minimisers (envelope theorem). They run on
+
+* the **fused** dense engine (:mod:`inferlearn.engine.dense`) when the model is a dense chain
+  (``Linear`` layers with box units: the library's MLP or an equivalent ``nn.Sequential``), or
+* the **generic** layered engine (:mod:`inferlearn.engine.layered`) for any chain of affine maps
+  (conv nets with average pooling included),
+
+tested equal in float64. ``engine="generic"`` forces the generic engine (benchmarks, tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..engine.chain import AFFINE, Chain, model_chain
+from ..engine.dense import LiftedEnergy, check_gamma
+from ..engine.layered import LayeredEnergy
+from ..engine.solvers import DEFAULT_SOLVER, SolveInfo, get_solver
+from .base import Rule
+
+ENGINES = ("auto", "fused", "generic")
+
+
+def solver_from_options(solver: str, max_iter: int | None, tol: float | None, on_fail: str):
+    """Build (and so validate) a solver from a rule's options (``max_iter`` = sweeps for ``cd``)."""
+    opts = {"max_iter": max_iter, "tol": tol, "on_fail": on_fail}
+    if solver == "reference":
+        opts = {"tol": tol, "on_fail": on_fail}
+    return get_solver(solver, **opts)
+
+
+def info_extras(info: SolveInfo) -> dict:
+    return {"solver_iterations": info.iterations, "solver_residual": info.residual}
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise ValueError(f"Invalid engine: {engine!r}; choose one of {list(ENGINES)}")
+    return engine
+
+
+@dataclass
+class LiftedEnergyRule(Rule):
+    """Base of the rules on the lifted energy (abstract).
+
+    Args:
+        gamma: feedback weight ``γ > 0`` (paper: 1/8).
+        solver: ``block-pg`` (fast default), ``cd`` (the paper's coordinate descent, dense chains
+            only) or ``reference`` (float64, slow).
+        max_iter: sweeps (``cd``: exactly this many, default 15) or the sweep limit (``block-pg``,
+            default 100); ``None`` for the solver's default.
+        tol: the solver's stopping tolerance (``None``: the solver's default).
+        on_fail: ``warn`` | ``raise`` | ``ignore`` when the solver misses its tolerance.
+        engine: ``auto`` (fused for dense chains, else generic), ``fused`` or ``generic``.
+    """
+
+    gamma: float = 1 / 8
+    solver: str = DEFAULT_SOLVER
+    max_iter: int | None = None
+    tol: float | None = None
+    on_fail: str = "warn"
+    engine: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_gamma(self.gamma)
+        check_engine(self.engine)
+        self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
+
+    def chain(self, model: nn.Module) -> tuple[Chain, bool]:
+        """The model's chain (checked: affine maps, box units) and whether to use the fused engine."""
+        chain = model_chain(model, AFFINE, self.name)
+        if self.engine == "fused" and not chain.is_dense:
+            raise ValueError(f"engine='fused' needs a dense chain (Linear layers with box units); "
+                             f"{type(model).__name__} is not one: use engine='auto'")
+        fused = chain.is_dense and self.engine != "generic"
+        if not fused and self.solver == "cd":
+            raise ValueError("solver 'cd' (coordinate descent) runs on dense chains only (Linear layers with box "
+                             "units); use solver 'block-pg' for this model")
+        return chain, fused
+
+    def dense_energy(self, model: nn.Module) -> LiftedEnergy:
+        return LiftedEnergy.from_model(model, self.gamma)
+
+    def layered_energy(self, chain: Chain) -> LayeredEnergy:
+        return LayeredEnergy.lifted(chain, self.gamma)
+
+
+__all__ = ["LiftedEnergyRule", "ENGINES", "check_engine", "info_extras", "solver_from_options"]

@@ -1,0 +1,101 @@
+"""Predictive coding: clamp the output, infer by ``T`` gradient steps on the penalty energy, read off the weights.
+
+Phase structure "one clamped phase" (MATH.md §B taxonomy). The penalty energy of the model's chain
+(:mod:`inferlearn.engine.layered`, kind ``penalty``)::
+
+    F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − f_L(a_L)‖²,   a_k = A_k(z_{k-1}),  z_L := y
+
+with value nodes ``z_k`` started from the forward pass, ``T`` simultaneous gradient steps of size ``η``
+(:class:`~inferlearn.engine.solvers.GradientSteps`; PCX's setting T = 15), and the envelope gradient
+``∇_θ F / (Bπ)`` at the inferred ``z``. Any differentiable layer map (conv, max pooling, normalisation
+in eval mode) and any element-wise activation are accepted; dense chains use the fused loop of
+:func:`~inferlearn.engine.fused.dense_predictive_coding` (tested equal).
+
+With the output error small the equilibrium errors are back-propagation's deltas and the gradient is
+back-propagation's (Whittington & Bogacz 2017): exactly in the limit ``π → 0`` (weak clamping, tested);
+with the usual hard clamp ``π = 1`` the hidden errors are ``(I + WᵀW)^{-1}``-filtered versions of
+back-propagation's deltas. Run to convergence this is also the penalty form of MAC (auxiliary
+coordinates with a quadratic penalty, weights updated at the minimiser), restarted on every batch.
+
+References:
+    Whittington & Bogacz (2017); Song et al. (2020); Pinchetti et al. (2024), PCX; Carreira-Perpiñán &
+    Wang (2014), MAC; Zach, "Bilevel programs meet deep learning", Table 1 (PCN row).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
+from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
+from ..engine.layered import LayeredEnergy, LayeredProblem
+from ..engine.solvers import GradientSteps
+from ..losses import one_hot, quadratic_loss
+from .base import Rule, StepInfo, check_positive, register_rule
+from .energy_rule import check_engine
+
+
+@register_rule
+@dataclass
+class PredictiveCoding(Rule):
+    """Predictive coding: penalty energy, clamped output, ``T`` inference steps, weights at the end.
+
+    Args:
+        steps: inference steps ``T`` (PCX's benchmark setting: 15).
+        step_size: the inference rate ``η``.
+        tol: stop early when the largest step is ``≤ tol`` (checked every 5 steps; warns when
+            ``steps`` run out first); ``None``: exactly ``steps`` steps.
+        output_weight: the precision ``π`` of the output term; the gradient is divided by ``π``.
+        engine: ``auto`` (fused for dense chains), ``fused`` or ``generic``.
+
+    References:
+        Whittington & Bogacz (2017); Zach, bilevel paper, Table 1 (PCN row).
+    """
+
+    name = "pc"
+    steps: int = 15
+    step_size: float = 0.1
+    tol: float | None = None
+    output_weight: float = 1.0
+    engine: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_positive("output_weight", self.output_weight)
+        check_engine(self.engine)
+        self._solver = GradientSteps(self.steps, self.step_size, self.tol)
+
+    def energy(self, chain: Chain) -> LayeredEnergy:
+        """The penalty energy of a chain (hidden terms weight 1, the output term ``π``)."""
+        return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [self.output_weight])
+
+    def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        chain = model_chain(model, DIFFERENTIABLE, self.name)
+        with torch.no_grad():
+            n_out = chain.links[-1].linear.out_features if chain.is_dense else model(x[:1]).shape[1]
+        return self.clamped_backward(model, x, one_hot(labels, n_out, x.dtype))
+
+    def clamped_backward(self, model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> StepInfo:
+        """Clamp the output to ``target`` (any values, e.g. one-hot labels), infer and accumulate ``.grad``.
+
+        ``StepInfo.extras`` holds ``inference_steps`` and the inferred ``hidden`` layers.
+        """
+        chain = model_chain(model, DIFFERENTIABLE, self.name)
+        B, L, pi = x.shape[0], chain.depth, self.output_weight
+        fused = chain.is_dense and self.engine != "generic"
+        if self.engine == "fused" and not fused:
+            raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")
+        if fused:
+            grads, output, hidden, it, _ = dense_predictive_coding(chain, x.reshape(B, -1), target, self.steps,
+                                                                   self.step_size, pi, self.tol)
+            accumulate_dense_grads(chain, grads)
+        else:
+            free = LayeredProblem(self.energy(chain), x)
+            output = chain.links[-1].act(free.forward_state()[1][L])
+            problem = free.stacked(1, target=target)
+            hidden, info = self._solver.solve(problem)
+            it = info.iterations
+            problem.accumulate_weight_grads(hidden, 1.0 / (B * pi))
+        return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(),
+                        extras={"inference_steps": it, "hidden": [h.detach() for h in hidden]})

@@ -1,0 +1,51 @@
+"""Learning-rate schedules by name, as ``torch.optim.lr_scheduler`` objects stepped once per epoch.
+
+The training loop never writes the optimiser's learning rate itself, so any scheduler works; these
+are the ones the command line offers (``--lr-schedule``):
+
+* ``constant``: the learning rate of the config throughout;
+* ``warmup``: standard lifted training's warm-up (Zach & Estellers 2019, Sec. 5: "the first epochs
+  utilized a smaller learning rate"): ``warmup_scale × lr`` for ``warmup_epochs`` epochs, then
+  ``after × lr``. Defaults 5 epochs at 0.1, then 0.3 (see :class:`~inferlearn.rules.lifted.LiftedJ0`);
+* ``scaled:F``: the constant ``F × lr`` (least squares on raw pixels needs ``F = 0.1`` at the
+  networks' learning rate, see :func:`inferlearn.baselines.least_squares_fit`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_epochs: int = 5, warmup_scale: float = 0.1,
+                    after: float = 0.3) -> torch.optim.lr_scheduler.LambdaLR:
+    """``warmup_scale × lr`` for the first ``warmup_epochs`` epochs (0-based), then ``after × lr``."""
+    if not isinstance(warmup_epochs, int) or warmup_epochs < 0:
+        raise ValueError(f"Invalid warmup_epochs: {warmup_epochs}")
+    for name, v in (("warmup_scale", warmup_scale), ("after", after)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"Invalid {name}: {v}")
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: warmup_scale if e < warmup_epochs else after)
+
+
+def check_schedule(name: str) -> str:
+    """Validate a schedule name: ``constant``, ``warmup`` or ``scaled:F`` with ``F > 0``."""
+    if name in ("constant", "warmup"):
+        return name
+    if name.startswith("scaled:"):
+        try:
+            f = float(name.split(":", 1)[1])
+        except ValueError:
+            f = math.nan
+        if math.isfinite(f) and f > 0:
+            return name
+    raise ValueError(f"Invalid lr schedule {name!r}; use 'constant', 'warmup' or 'scaled:F' (e.g. scaled:0.1)")
+
+
+def make_schedule(name: str, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    """The scheduler called ``name`` for ``optimizer`` (see the module docstring)."""
+    check_schedule(name)
+    if name == "warmup":
+        return warmup_schedule(optimizer)
+    factor = float(name.split(":", 1)[1]) if name.startswith("scaled:") else 1.0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: factor)
