@@ -113,7 +113,10 @@ class Link:
         return None
 
     def map(self, z: torch.Tensor) -> torch.Tensor:
-        """``a_k = A_k(z_{k-1})``."""
+        """``a_k = A_k(z_{k-1})`` (one ``addmm`` for a lone ``nn.Linear`` on a matrix: no module dispatch)."""
+        if len(self.maps) == 1 and type(self.maps[0]) is nn.Linear and z.dim() == 2:
+            lin = self.maps[0]
+            return torch.addmm(lin.bias, z, lin.weight.t()) if lin.bias is not None else z.mm(lin.weight.t())
         for m in self.maps:
             z = m(z)
         return z

@@ -87,11 +87,20 @@ class LayeredEnergy:
             v = v - 0.5 * (link.units.project(a) - a).pow(2).flatten(1).sum(1)
         return v
 
-    def residual(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """``r_k`` with ``∂T_k/∂a_k = −r_k`` for the lifted and Fenchel terms (the error sent down)."""
-        if self.kind == "fenchel" and k < self.depth:
-            return z - self.link(k).units.project(a)
-        return z - a
+    def error(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """``r_k = −∂T_k/∂a_k``, the error sent down through ``A_kᵀ`` (box units or a linear output)::
+
+            lifted  z − a      fenchel  z − Π(a)      penalty  (z − f(a)) ⊙ f'(a)
+        """
+        if k == self.depth:
+            return z - a
+        units = self.link(k).units
+        if self.kind == "lifted":
+            return z - a
+        if self.kind == "fenchel":
+            return z - units.project(a)
+        eps = z - units.project(a)
+        return eps if units.is_linear else eps.masked_fill(units.engaged(a), 0.0)
 
     def project(self, k: int, z: torch.Tensor) -> torch.Tensor:
         """``Π_{C_k}`` for hidden layer ``k`` (the identity for the unconstrained penalty variables)."""
@@ -270,15 +279,43 @@ class LayeredProblem:
         if k + 1 == self.depth:
             r = self.top_residual(pre[k + 1])
         else:
-            r = e.residual(k + 1, hidden[k], pre[k + 1])
+            r = e.error(k + 1, hidden[k], pre[k + 1])
         return e.term_weights[k] * (z - pre[k]) - e.term_weights[k + 1] * adjoint(r)
 
     def gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """``[∂E/∂z_1, …, ∂E/∂z_{L-1}]`` by autograd of the whole energy (any term kind)."""
+        """``[∂E/∂z_1, …, ∂E/∂z_{L-1}]``.
+
+        In closed form through the adjoints when every map is affine and every unit a box (for the
+        penalty term ``∂E/∂z_k = w_k ε_k − w_{k+1} A_{k+1}ᵀ (ε_{k+1} ⊙ f'(a_{k+1}))``, ``ε_k = z_k − f(a_k)``);
+        otherwise by autograd of the whole energy (any map, any activation).
+        """
+        if self._closed_form():
+            return self._closed_form_gradients(hidden)
         with torch.enable_grad():
             hs = [h.detach().requires_grad_(True) for h in hidden]
             total = self.value(hs, fresh_a1=False).sum()
             return list(torch.autograd.grad(total, hs))
+
+    def _closed_form(self) -> bool:
+        if getattr(self, "_affine", None) is None:
+            from .chain import _is_affine
+            chain = self.energy.chain
+            self._affine = all(_is_affine(m) for l in chain.links for m in l.maps) and all(
+                l.units is not None for l in chain.links[:-1]) and chain.linear_output
+        return self._affine
+
+    def _closed_form_gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        e, L = self.energy, self.depth
+        if getattr(self, "_adj", None) is None:
+            self._adj = self.adjoints(hidden)
+        pre = self.pre_of(hidden)
+        zs = [self.x, *hidden, self.output(pre[L])]
+        grads = []
+        for k in range(1, L):
+            own = zs[k] - (e.link(k).units.project(pre[k]) if e.kind == "penalty" else pre[k])
+            down = e.error(k + 1, zs[k + 1], pre[k + 1])
+            grads.append(e.term_weights[k] * own - e.term_weights[k + 1] * self._adj[k + 1](down))
+        return grads
 
     def residuals(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per-row optimality residual ``max_k ‖z_k − Π_k(z_k − ∂E/∂z_k / w_k)‖_∞`` (0 at the minimiser)."""
@@ -325,15 +362,65 @@ class LayeredProblem:
         e = self.energy
         with torch.no_grad():
             zs = [z.detach() for z in self.full(hidden)]
+        closed = self._closed_form()
         with torch.enable_grad():
             total = 0.0
             for k in range(1, self.depth + 1):
                 link = e.link(k)
                 if not any(p.requires_grad for p in link.parameters()):
                     continue
-                a = link.map(zs[k - 1])
-                t = e.term(k, zs[k], a)
                 s = e.term_weights[k] * (1.0 if layer_scale is None else layer_scale[k - 1])
-                total = total + s * ((t * coef).sum() if torch.is_tensor(coef) else coef * t.sum())
+                lin = link.linear
+                if closed and lin is not None and len(link.maps) == 1 and zs[k - 1].dim() == 2:
+                    with torch.no_grad():   # ∇_W (s T_k) = −s r_k z_{k-1}ᵀ for a Linear map: no graph
+                        a = link.map(zs[k - 1])
+                        r = e.error(k, zs[k], a) * (-s)
+                        r = r * coef.reshape(-1, 1) if torch.is_tensor(coef) else r * coef
+                        _accumulate(lin.weight, r.t().mm(zs[k - 1]))
+                        if lin.bias is not None:
+                            _accumulate(lin.bias, r.sum(0))
+                    continue
+                if zs[k].dtype == torch.float64:
+                    a = link.map(zs[k - 1])
+                    t = e.term(k, zs[k], a)
+                    total = total + s * ((t * coef).sum() if torch.is_tensor(coef) else coef * t.sum())
+                    continue
+                # Lower precision: evaluate the term in float64 on float64 copies of the parameters.
+                # Contrastive estimates subtract two nearly equal gradients summed over every pixel
+                # of a conv layer; in float32 that difference drowns in rounding (measured: conv-layer
+                # cosine with back-propagation ≈ 0 in float32, 0.998 in float64).
+                a, leaves = _map_float64(link, zs[k - 1].double())
+                t = e.term(k, zs[k].double(), a)
+                c = coef.double() if torch.is_tensor(coef) else coef
+                part = s * ((t * c).sum() if torch.is_tensor(c) else c * t.sum())
+                params = [p for p, _ in leaves]
+                for p, g in zip(params, torch.autograd.grad(part, [q for _, q in leaves])):
+                    _accumulate(p, g.to(p.dtype))
             if torch.is_tensor(total) and total.requires_grad:
                 total.backward()
+
+
+def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
+    if not p.requires_grad:
+        return
+    if p.grad is None:
+        p.grad = g.to(p.dtype)
+    else:
+        p.grad.add_(g)
+
+
+def _map_float64(link: Link, z: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``A_k(z)`` in float64 through float64 copies of the maps' parameters (and buffers).
+
+    Returns the output and the ``(parameter, float64 leaf)`` pairs of the trainable parameters.
+    """
+    leaves = []
+    for m in link.maps:
+        state = {n: b.double() if b.is_floating_point() else b for n, b in m.named_buffers()}
+        for n, p in m.named_parameters():
+            q = p.detach().double().requires_grad_(p.requires_grad)
+            state[n] = q
+            if p.requires_grad:
+                leaves.append((p, q))
+        z = torch.func.functional_call(m, state, (z,))
+    return z, leaves

@@ -70,5 +70,6 @@ class Contrastive(LiftedEnergyRule):
             problem = free.stacked(2, target=torch.cat([y, y]), clamped=clamped)
             hidden, info = self._solver.solve(problem)
             scale = 1.0 / (B * energy.term_weights[L])
-            problem.accumulate_weight_grads(hidden, torch.where(clamped, scale, -scale).to(x.dtype))
+            sign = clamped.to(x.dtype) * 2.0 - 1.0            # −1 on free rows, +1 on clamped rows
+            problem.accumulate_weight_grads(hidden, sign * scale)
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=info_extras(info))

@@ -45,7 +45,7 @@ from ..engine.chain import dense_chain
 from ..engine.fused import dense_backward
 from ..engine.phases import check_beta
 from ..losses import check_loss, output_loss
-from ..units import UnitSet
+from ..units import Clamp, UnitSet
 from .base import Rule, StepInfo, register_rule
 
 
@@ -96,14 +96,14 @@ class FenchelActivation(nn.Module):
         return f"f={self.f!r}, beta={self.beta:g}"
 
 
-CONVERTIBLE = (nn.ReLU, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.ReLU6)
+CONVERTIBLE = (nn.ReLU, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.ReLU6, Clamp)
 
 
 def convert_activations(model: nn.Module, beta: float, inplace: bool = False) -> nn.Module:
     """Replace every supported activation module by a :class:`FenchelActivation` with ``β``.
 
     Supported: ``nn.ReLU``, ``nn.ReLU6``, ``nn.Hardsigmoid``, ``nn.Hardtanh``, ``nn.Sigmoid``,
-    ``nn.Tanh``, ``nn.LeakyReLU`` (and existing ``FenchelActivation`` modules, whose β is reset).
+    ``nn.Tanh``, ``nn.LeakyReLU``, :class:`~inferlearn.units.Clamp` (and existing ``FenchelActivation`` modules, whose β is reset).
     Activations called functionally inside ``forward`` (``F.relu``) cannot be seen and stay
     back-propagated; an :class:`~inferlearn.models.MLP` is handled by the rule directly.
 
