@@ -23,16 +23,24 @@ import torch
 from torch import nn
 
 from ..models import parse_arch
+from ..units import RELU, UNIT_SETS, Clamp, get_units
 
-ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "hardtanh": nn.Hardtanh,
-               "hardsigmoid": nn.Hardsigmoid, "linear": nn.Identity}
+# one vocabulary with `inferlearn train`: the unit sets (clamps, `hardsigmoid` = `hard-sigmoid` = clamp to
+# [0, 1]) plus the smooth activations block-ADMM also trains
+SMOOTH_ACTIVATIONS = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+ACTIVATIONS = (*UNIT_SETS, *SMOOTH_ACTIVATIONS)
+ACTIVATION_TYPES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Hardtanh, Clamp)
 
 
 def _activation(name: str) -> nn.Module:
+    """The activation module of a unit name (``relu``, ``hard-sigmoid``, …) or ``sigmoid``/``tanh``."""
+    if name in SMOOTH_ACTIVATIONS:
+        return SMOOTH_ACTIVATIONS[name]()
     try:
-        return ACTIVATIONS[name]()
-    except KeyError:
+        units = get_units(name)
+    except ValueError:
         raise ValueError(f"Unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}") from None
+    return nn.ReLU() if units is RELU else Clamp(units)
 
 
 def mlp(sizes: str | Sequence[int], act: str = "relu", seed: int | None = 0,
@@ -86,7 +94,7 @@ def default_split_points(net: nn.Sequential | Sequence[nn.Module]) -> list[int]:
     ``[ReLU, Flatten, Linear]``.
     """
     modules = list(net)
-    acts = tuple(a for a in ACTIVATIONS.values() if a is not nn.Identity)
+    acts = ACTIVATION_TYPES
     points, seen_weights = [], False
     for i, m in enumerate(modules):
         if any(p.requires_grad for p in m.parameters(recurse=True)):

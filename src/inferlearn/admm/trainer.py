@@ -60,7 +60,6 @@ Note:
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -73,8 +72,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..atomic import append_jsonl, read_jsonl, save_torch, write_json, write_text
 from ..errors import DivergenceError
+from ..training.run_folder import RunFolder
 from ..losses import one_hot
 from .nmf import NMF, nnls_gram
 
@@ -801,11 +800,12 @@ def evaluate(trainer: BlockADMM, x: torch.Tensor, y: torch.Tensor) -> dict:
 def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.PathLike | None = None,
                resume: bool = False, progress: bool = True, run_config: dict | None = None,
                eval_train_limit: int = 10000) -> list[dict]:
-    """Train for ``epochs`` outer iterations with the conventions of ``inferlearn train``.
+    """Train for ``epochs`` outer iterations into the run folder of ``inferlearn train``
+    (:class:`~inferlearn.training.run_folder.RunFolder`).
 
-    Writes ``config.json``, appends one line per epoch to ``metrics.jsonl`` and saves an atomic
-    checkpoint ``checkpoint.pt`` (blocks, optimisers, ``Z``, ``U``, duals, penalties, RNG) after
-    every epoch. ``resume=True`` continues from the checkpoint exactly (same result as an
+    Writes ``config.json``, ``metrics.jsonl`` (the common fields, plus residuals and penalties) and an
+    atomic checkpoint ``checkpoint.pt`` (blocks, optimisers, ``Z``, ``U``, duals, penalties, RNG and the
+    metric history) after every epoch, and ``curves.png`` at the end. ``resume=True`` continues from the checkpoint exactly (same result as an
     uninterrupted run); metrics lines newer than the checkpoint are dropped.
 
     Raises:
@@ -813,24 +813,23 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
     """
     if not (isinstance(epochs, int) and epochs >= 0):
         raise ValueError(f"Invalid epochs: {epochs}")
-    out = Path(out) if out is not None else None
-    ckpt = out / "checkpoint.pt" if out is not None else None
+    folder = RunFolder(out) if out is not None else None
     if trainer.cfg.mode == "batch":
         trainer.init_state(data.train_x, data.train_y)
     history: list[dict] = []
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    if folder is not None:
         if resume:
-            if not ckpt.exists():
-                raise FileNotFoundError(f"--resume: no checkpoint at {ckpt}")
-            trainer.load_state_dict(torch.load(ckpt, weights_only=False))
-            history = [m for m in read_jsonl(out / "metrics.jsonl") if m["epoch"] <= trainer.iteration]
-            write_text_lines = "".join(json.dumps(m, sort_keys=True) + "\n" for m in history)
-            write_text(write_text_lines, out / "metrics.jsonl")
-        else:
-            (out / "metrics.jsonl").unlink(missing_ok=True)
-        write_json({**(run_config or {}), "admm": asdict(trainer.cfg) if not callable(trainer.cfg.loss) else None,
-                    "epochs": epochs, **trainer.memory_bytes()}, out / "config.json")
+            ckpt = folder.load_checkpoint()
+            if ckpt is None:
+                raise FileNotFoundError(f"--resume: no checkpoint at {folder.checkpoint_path}")
+            trainer.load_state_dict(ckpt["state"])
+            history = [m for m in ckpt["history"] if m["epoch"] <= trainer.iteration]
+        folder.start({**(run_config or {}), "admm": asdict(trainer.cfg) if not callable(trainer.cfg.loss) else None,
+                      "epochs": epochs, **trainer.memory_bytes()}, history)
+
+    def last_good(k):
+        return f"{folder.checkpoint_path} (epoch {k - 1})" if folder is not None and folder.checkpoint_path.exists() else "none"
+
     try:
         from tqdm import tqdm
         bar = tqdm(total=epochs, initial=trainer.iteration, desc=f"block-ADMM ({trainer.cfg.mode})",
@@ -846,25 +845,24 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
             else:
                 m = trainer.epoch(data.train_x, data.train_y, data.transform)
         except DivergenceError as exc:
-            last = f"{ckpt} (epoch {k - 1})" if ckpt is not None and ckpt.exists() else "none"
-            raise DivergenceError(f"Block-ADMM diverged in epoch {k}: {exc}; last good checkpoint: {last}") from exc
+            raise DivergenceError(f"Block-ADMM diverged in epoch {k}: {exc}; last good checkpoint: {last_good(k)}") from exc
         dt = time.perf_counter() - t0
         n_tr = min(eval_train_limit, data.train_x.shape[0])
         tr = evaluate(trainer, data.train_x[:n_tr], data.train_y[:n_tr])
         te = evaluate(trainer, data.test_x, data.test_y)
         if not math.isfinite(tr["loss"]):
-            last = f"{ckpt} (epoch {k - 1})" if ckpt is not None and ckpt.exists() else "none"
             raise DivergenceError(f"Block-ADMM diverged in epoch {k}: training loss {tr['loss']}; "
-                                  f"last good checkpoint: {last}")
-        rec = {"epoch": k, "time": dt, **m, **{f"train_{a}": v for a, v in tr.items()},
+                                  f"last good checkpoint: {last_good(k)}")
+        rec = {"epoch": k, "epoch_seconds": dt, **m, **{f"train_{a}": v for a, v in tr.items()},
                **{f"test_{a}": v for a, v in te.items()}, **trainer.memory_bytes()}
         history.append(rec)
-        if out is not None:
-            save_torch(trainer.state_dict(), ckpt)  # checkpoint first: metrics never run ahead of it
-            append_jsonl(rec, out / "metrics.jsonl")
+        if folder is not None:
+            folder.record(rec, {"epoch": k, "state": trainer.state_dict(), "history": history})
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{tr['loss']:.4f}", test_acc=f"{te.get('acc', float('nan')):.4f}")
     if bar is not None:
         bar.close()
+    if folder is not None:
+        folder.plot(history, f"block-ADMM ({trainer.cfg.mode})", title="block-ADMM")
     return history

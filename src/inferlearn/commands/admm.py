@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift, train_admm
-from ..admm.blocks import ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
+from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
 from ..admm.nmf import NMF
 
@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--data", default="mnist", help=f"dataset: {', '.join(DATASETS)} (default %(default)s)")
     p.add_argument("--arch", default="784-256-256-10",
                    help="MLP widths (784-256-256-10) or conv:C1-C2 for the small conv net (default %(default)s)")
-    p.add_argument("--act", default="relu", help=f"activation: {', '.join(sorted(ACTIVATIONS))}")
+    p.add_argument("--act", default="relu", help=f"activation: {', '.join(ACTIVATIONS)} (as for train)")
     p.add_argument("--split", default=None,
                    help="comma-separated module indices where blocks start (default: after every activation/pool)")
     p.add_argument("--mode", default="batch", choices=["batch", "online"])
@@ -92,7 +92,7 @@ def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
         if not 1 <= k <= len(blocks) - 1:
             raise ValueError(f"Invalid --nmf-after {k}: must lie in 1..{len(blocks) - 1} (between two blocks)")
         nxt = blocks[k]
-        if len(nxt) > 1 and isinstance(nxt[0], tuple(ACTIVATIONS.values())):
+        if len(nxt) > 1 and isinstance(nxt[0], ACTIVATION_TYPES):
             # NMF factorises non-negative activations: move the activation that starts the next
             # block (default splits are at pre-activations) to the end of block k.
             blocks[k - 1] = torch.nn.Sequential(*blocks[k - 1], nxt[0])

@@ -23,19 +23,15 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..atomic import append_jsonl, save_torch, write_json, write_text
 from .config import TrainConfig
 from ..data import Dataset, load_dataset
 from ..diagnostics import active_fraction, evaluate
 from ..errors import DivergenceError
 from ..losses import quadratic_loss, one_hot
 from ..models import build_model
-from ..plots import plot_curves
 from ..rules import Rule, make_rule
+from .run_folder import RunFolder
 from .schedules import make_schedule
-
-CHECKPOINT = "checkpoint.pt"
-
 
 @dataclass
 class Setup:
@@ -128,51 +124,44 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
             "epoch_seconds": seconds}
 
 
-def _save_checkpoint(out: Path, s: Setup, epoch: int, history: list[dict]) -> None:
-    save_torch({"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
-                "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss}, out / CHECKPOINT)
+def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
+    return {"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
+            "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss}
 
 
 def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=print) -> list[dict]:
-    """Train according to ``config``; returns the per-epoch metrics.
+    """Train according to ``config`` into its run folder (:class:`RunFolder`); returns the per-epoch metrics.
 
     Args:
         resume: continue from ``config.out/checkpoint.pt`` if present (epochs already done are skipped).
         log: called with one line per epoch (``None`` for silence).
     """
     torch.manual_seed(config.seed)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    folder = RunFolder(config.out)
     s = build(config)
     history: list[dict] = []
     start = 0
-    ckpt_path = out / CHECKPOINT
-    if resume and ckpt_path.exists():
-        _check_same_run(out, config)
-        ckpt = torch.load(ckpt_path, map_location=config.device, weights_only=False)
+    ckpt = folder.load_checkpoint(map_location=config.device) if resume else None
+    if ckpt is not None:
+        _check_same_run(folder.path, config)
         s.model.load_state_dict(ckpt["model"])
         s.optimizer.load_state_dict(ckpt["optimizer"])
         if "scheduler" in ckpt:
             s.scheduler.load_state_dict(ckpt["scheduler"])
         start, history, s.first_loss = ckpt["epoch"], ckpt["history"], ckpt.get("first_loss")
-    write_json(config.to_dict(), out / "config.json")
-    # metrics.jsonl is rebuilt from the checkpoint's history, so epochs that finished after the
-    # last checkpoint (and are re-run now) are never listed twice.
-    write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in history), out / "metrics.jsonl")
+    folder.start(config.to_dict(), history)
     for epoch in range(start + 1, config.epochs + 1):
         t0 = time.perf_counter()
-        batch_loss = run_epoch(s, config, epoch, progress, last_good=str(ckpt_path) if history else "none")
+        batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
         seconds = time.perf_counter() - t0
         record = epoch_metrics(s, epoch, batch_loss, seconds)
         history.append(record)
-        append_jsonl(record, out / "metrics.jsonl")
-        if epoch % config.checkpoint_every == 0 or epoch == config.epochs:
-            _save_checkpoint(out, s, epoch, history)
+        due = epoch % config.checkpoint_every == 0 or epoch == config.epochs
+        folder.record(record, _checkpoint(s, epoch, history) if due else None)
         if log:
             log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  "
                 f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s")
-    if history:
-        plot_curves({config.rule: history}, out / "curves.png", title=f"{config.data} {config.arch} {config.act}")
+    folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
     return history
 
 
