@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..units import UnitSet, get_units
+from .layered import BatchProblem
 
 
 def check_gamma(gamma: float) -> float:
@@ -256,7 +257,7 @@ class LiftedEnergy:
 
 
 @dataclass(eq=False)
-class LiftedProblem:
+class LiftedProblem(BatchProblem):
     """One batch of inference problems over the hidden layers of a :class:`LiftedEnergy`.
 
     Build with :meth:`LiftedEnergy.problem`. Rows may mix free, clamped and nudged outputs. The
@@ -312,14 +313,6 @@ class LiftedProblem:
         self._clamp_col = self.clamped.to(x.dtype).unsqueeze(1) if 0 < self.n_clamped < B else None
         if getattr(self, "a1", None) is None:
             self.a1 = e.pre(1, x)
-
-    @property
-    def batch(self) -> int:
-        return self.x.shape[0]
-
-    @property
-    def depth(self) -> int:
-        return self.energy.depth
 
     def top_residual(self, a_top: torch.Tensor) -> torch.Tensor | None:
         """``r_L = z_L − a_L`` given the output pre-activation (``None`` means zero everywhere)."""

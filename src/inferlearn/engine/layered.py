@@ -161,7 +161,21 @@ def operator_norm_sq(link: Link, z_shape: Sequence[int], dtype: torch.dtype, dev
         return lam
 
 
-class LayeredProblem:
+class BatchProblem:
+    """What every inference problem answers: its batch size (rows) and depth ``L`` (a mixin)."""
+
+    x: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def depth(self) -> int:
+        return self.energy.depth
+
+
+class LayeredProblem(BatchProblem):
     """One batch of inference problems ``min_z E`` on a :class:`LayeredEnergy` (rows may mix output modes).
 
     Args:
@@ -199,14 +213,6 @@ class LayeredProblem:
     @staticmethod
     def _row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return mask.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
-
-    @property
-    def batch(self) -> int:
-        return self.x.shape[0]
-
-    @property
-    def depth(self) -> int:
-        return self.energy.depth
 
     def output(self, a_top: torch.Tensor) -> torch.Tensor:
         """``z_L`` given ``a_L``: the target on clamped rows, ``a_L`` (plus the nudge shift) on free rows."""

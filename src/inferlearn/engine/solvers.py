@@ -39,16 +39,18 @@ ON_FAIL = ("warn", "raise", "ignore")
 
 @dataclass
 class SolveInfo:
-    """What a solve did.
+    """What a solve did: one record for the lifted-network solvers here and the argmin layer's solves.
 
     Attributes:
-        solver: solver name.
-        iterations: sweeps (or iterations) performed.
-        residual: max over rows of the optimality residual at the returned point
-            (:meth:`LiftedProblem.residuals`; 0 at the exact minimiser, in activation units).
+        solver: solver name (``"cd"``, ``"block-pg"``, ``"reference"``; for the argmin layer of
+            :mod:`inferlearn.bilevel`, ``"fista"``, ``"projected-gradient"``, ``"closed-form"``, ``"cg"``).
+        iterations: sweeps (or iterations) performed (0 for a closed form).
+        residual: optimality residual at the returned point, 0 at the exact minimiser: for lifted
+            networks the max over rows of :meth:`LiftedProblem.residuals` (in activation units); for
+            the argmin layer ``max|z − Π_C(z − ∇E(z))|`` (``‖b − Hv‖`` for its CG solve).
         converged: whether the tolerance was met (always True for a fixed number of sweeps
-            without tolerance).
-        tol: the tolerance used (``None`` for a fixed number of sweeps).
+            without tolerance, and for a closed form).
+        tol: the tolerance used (``None`` for a fixed number of sweeps or a closed form).
     """
 
     solver: str
@@ -292,14 +294,28 @@ class BlockProjectedGradient(Solver):
                 out.append(min(self.relaxation * 2.0 / (2.0 + rho * lam), 1.9 / (1.0 + rho * lam)))
         return out
 
+    def _sweeps(self, sweep) -> tuple[int, float]:
+        """Run ``sweep(check)`` up to ``max_iter`` times; stop when a checked sweep's largest step is ≤ tol.
+
+        Returns ``(sweeps done, last checked step)``; one synchronisation per checked sweep.
+        """
+        it, move = 0, math.inf
+        for it in range(1, self.max_iter + 1):
+            check = self.tol is not None and (it % self.check_every == 0 or it == self.max_iter)
+            moves = sweep(check)
+            if check:
+                move = float(torch.stack(moves).max())
+                if move <= self.tol:
+                    break
+        return it, move
+
     def _solve_layered(self, problem: LayeredProblem, hidden, pre):
         """The same sweeps on a generic chain: forwards and adjoints through the layer maps."""
         e, L = problem.energy, problem.depth
         t = self.steps(problem, hidden)
         adj = problem.adjoints(hidden)
-        it, move = 0, math.inf
-        for it in range(1, self.max_iter + 1):
-            check = self.tol is not None and (it % self.check_every == 0 or it == self.max_iter)
+
+        def sweep(check: bool) -> list[torch.Tensor]:
             moves = []
             for k in range(1, L):
                 z = hidden[k - 1]
@@ -309,10 +325,9 @@ class BlockProjectedGradient(Solver):
                     moves.append((new - z).abs_().max() / t[k - 1])
                 hidden[k - 1] = new
                 pre[k + 1] = e.link(k + 1).map(new)
-            if check:
-                move = float(torch.stack(moves).max())
-                if move <= self.tol:
-                    break
+            return moves
+
+        it, move = self._sweeps(sweep)
         res = move if (self.residual == "step" and self.tol is not None) else None
         return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
 
@@ -325,9 +340,8 @@ class BlockProjectedGradient(Solver):
         a = pre
         lo = [None if math.isinf(u.lower) else u.lower for u in e.units]
         hi = [None if math.isinf(u.upper) else u.upper for u in e.units]
-        it, move = 0, math.inf
-        for it in range(1, self.max_iter + 1):
-            check = self.tol is not None and (it % self.check_every == 0 or it == self.max_iter)
+
+        def sweep(check: bool) -> list[torch.Tensor]:
             moves = []
             for k in range(1, L):
                 z = hidden[k - 1]
@@ -341,10 +355,9 @@ class BlockProjectedGradient(Solver):
                     moves.append((new - z).abs_().max() / t[k - 1])   # vector_norm(inf) is ~10x slower on CPU
                 hidden[k - 1] = new
                 a[k + 1] = e.pre(k + 1, new)
-            if check:
-                move = float(torch.stack(moves).max())   # one synchronisation per checked sweep
-                if move <= self.tol:
-                    break
+            return moves
+
+        it, move = self._sweeps(sweep)
         problem.remember_pre(hidden, a)
         res = move if (self.residual == "step" and self.tol is not None) else None
         return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)

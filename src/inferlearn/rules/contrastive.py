@@ -53,9 +53,7 @@ class Contrastive(LiftedEnergyRule):
         chain, fused = self.chain(model)
         B, L = x.shape[0], chain.depth
         if fused:
-            energy = self.dense_energy(model)
-            x = x.reshape(B, -1)
-            y = one_hot(labels, energy.sizes[-1], x.dtype)
+            energy, x, y = self.dense_inputs(model, x, labels)
             problem = contrastive_problem(energy, x, y, check=False)   # x was validated by Rule.backward
             output = problem.forward_state()[1][L][:B]
             hidden, info = self._solver.solve(problem)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from ..engine.chain import AFFINE, Chain, model_chain
 from ..engine.dense import LiftedEnergy, check_gamma
 from ..engine.layered import LayeredEnergy
 from ..engine.solvers import DEFAULT_SOLVER, SolveInfo, get_solver
+from ..losses import one_hot
 from .base import Rule
 
 ENGINES = ("auto", "fused", "generic")
@@ -83,8 +85,11 @@ class LiftedEnergyRule(Rule):
                              "units); use solver 'block-pg' for this model")
         return chain, fused
 
-    def dense_energy(self, model: nn.Module) -> LiftedEnergy:
-        return LiftedEnergy.from_model(model, self.gamma)
+    def dense_inputs(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor):
+        """``(energy, x, y)`` for the fused path: the dense lifted energy, flat inputs, one-hot targets."""
+        energy = LiftedEnergy.from_model(model, self.gamma)
+        x = x.reshape(x.shape[0], -1)
+        return energy, x, one_hot(labels, energy.sizes[-1], x.dtype)
 
     def layered_energy(self, chain: Chain) -> LayeredEnergy:
         return LayeredEnergy.lifted(chain, self.gamma)

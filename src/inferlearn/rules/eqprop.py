@@ -85,7 +85,7 @@ class EquilibriumPropagation(LiftedEnergyRule):
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self.chain(model)
         if fused:
-            return self._dense(model, x.reshape(x.shape[0], -1), labels)
+            return self._dense(model, x, labels)
         energy = self.layered_energy(chain)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
@@ -105,7 +105,8 @@ class EquilibriumPropagation(LiftedEnergyRule):
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
 
     def _dense(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain, energy = self.chain(model)[0], self.dense_energy(model)
+        chain = self.chain(model)[0]
+        energy, x, y = self.dense_inputs(model, x, labels)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
         free = energy.problem(x, check=False)       # x was validated by Rule.backward
@@ -113,7 +114,6 @@ class EquilibriumPropagation(LiftedEnergyRule):
         h_free, info_free = self._solver.solve(free)
         zs_free = free.full(h_free)
         _, g = loss_and_gradient(self.loss, zs_free[-1], labels)   # at the free equilibrium z_L*
-        y = one_hot(labels, output.shape[1], output.dtype)
         scale = 1.0 / (self.beta * wL * B)
         if self.nudging == "symmetric":
             problem = _stacked_problem(energy, x, torch.cat([g, -g]), self.beta * wL, 2)

@@ -32,11 +32,11 @@ class LiftedJ0(LiftedEnergyRule):
     """Standard lifted training: gradient of the clamped energy ``Ê`` at its minimiser, / ``γ^{L-1}``.
 
     Args:
-        gamma, solver, max_iter, tol, on_fail, engine: see
-            :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
         scaling: ``"layerwise"`` (default) divides layer ``k``'s gradient by its term weight ``γ^k``,
             so every layer takes a regression step of the same size; ``"global"`` divides everything
             by ``γ^{L-1}`` as for contrastive learning.
+        gamma, solver, max_iter, tol, on_fail, engine: as for every lifted-energy rule
+            (:class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`).
 
     Note:
         The paper says only that "the first epochs utilized a smaller learning rate" for standard
@@ -69,9 +69,7 @@ class LiftedJ0(LiftedEnergyRule):
         chain, fused = self.chain(model)
         B, L = x.shape[0], chain.depth
         if fused:
-            energy = self.dense_energy(model)
-            x = x.reshape(B, -1)
-            y = one_hot(labels, energy.sizes[-1], x.dtype)
+            energy, x, y = self.dense_inputs(model, x, labels)
             problem = energy.problem(x, y, check=False)   # x was validated by Rule.backward
             output = problem.forward_state()[1][L]
             hidden, info = self._solver.solve(problem)
