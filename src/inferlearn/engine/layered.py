@@ -129,6 +129,12 @@ class _Adjoint:
             return v.mm(self.linear.weight.detach())
         return torch.autograd.grad(self._out, self._p, v, retain_graph=True)[0]
 
+    def add_to(self, base: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
+        """``base + α Aᵀv`` (one ``addmm`` for ``nn.Linear``)."""
+        if self.linear is not None:
+            return torch.addmm(base, v, self.linear.weight.detach(), alpha=alpha)
+        return base.add(self(v), alpha=alpha)
+
 
 def operator_norm_sq(link: Link, z_shape: Sequence[int], dtype: torch.dtype, device: torch.device,
                      iters: int = 30) -> float:
@@ -277,16 +283,20 @@ class LayeredProblem(BatchProblem):
         """``r_L = z_L − a_L``."""
         return self.output(a_top) - a_top
 
-    def block_gradient(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor],
-                       adjoint: _Adjoint) -> torch.Tensor:
-        """``∂E/∂z_k`` of hidden layer ``k`` (lifted and Fenchel terms) at ``hidden`` with ``pre[j] = a_j``."""
+    def block_step(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor],
+                   adjoint: _Adjoint, t: float) -> torch.Tensor:
+        """One projected-gradient step on hidden layer ``k`` (lifted and Fenchel terms), step ``t`` in units of
+        ``∂E/∂z_k / w_k``::
+
+            z_k ← Π_k( z_k − t [(z_k − a_k) − ρ_k A_{k+1}ᵀ r_{k+1}] ) = Π_k( lerp(z_k, a_k, t) + t ρ_k A_{k+1}ᵀ r_{k+1} )
+        """
         e = self.energy
         z = hidden[k - 1]
         if k + 1 == self.depth:
             r = self.top_residual(pre[k + 1])
         else:
             r = e.error(k + 1, hidden[k], pre[k + 1])
-        return e.term_weights[k] * (z - pre[k]) - e.term_weights[k + 1] * adjoint(r)
+        return e.project(k, adjoint.add_to(z.lerp(pre[k], t), r, t * e.feedback(k)))
 
     def gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``[∂E/∂z_1, …, ∂E/∂z_{L-1}]``.

@@ -319,8 +319,7 @@ class BlockProjectedGradient(Solver):
             moves = []
             for k in range(1, L):
                 z = hidden[k - 1]
-                g = problem.block_gradient(k, hidden, pre, adj[k + 1])
-                new = e.project(k, z - (t[k - 1] / e.term_weights[k]) * g)
+                new = problem.block_step(k, hidden, pre, adj[k + 1], t[k - 1])
                 if check:
                     moves.append((new - z).abs_().max() / t[k - 1])
                 hidden[k - 1] = new
