@@ -42,7 +42,7 @@ def test_fista_matches_slow_projected_gradient_and_closed_form():
     c = torch.randn(3, 6, generator=gen, dtype=DT)
     fn = FunctionEnergy(lambda z, q, cc: 0.5 * ((z @ q) * z).sum(-1) - (cc * z).sum(-1), init=lambda q, cc: torch.zeros_like(cc))
     z_closed, info = solve(QuadraticEnergy(), [Q, c])
-    assert info.method == "closed-form"
+    assert info.solver == "closed-form"
     z_fista, i1 = solve(fn, [Q, c], solver=TIGHT)
     assert torch.allclose(z_fista, z_closed, atol=1e-9)
     box = Box(lower=torch.full((6,), -0.2, dtype=DT), upper=0.5)

@@ -1,7 +1,12 @@
-"""Unit sets of lifted networks: the convex sets ``C_k`` whose projection is the activation.
+"""Boxes: the convex sets ``C = [lower, upper]`` of lifted-network units and argmin-layer constraints.
 
-Each hidden unit type is a box ``[lower, upper]`` (possibly unbounded), and the activation is the
-projection ``Π_C(a) = clamp(a, lower, upper)`` -- the proximal map of the indicator ``ι_C``.
+One class, :class:`Box` (also spelled :data:`UnitSet`, the lifted engine's name for it), is both
+
+* a **unit set** of a lifted network: each hidden unit type is a box ``[lower, upper]`` (possibly
+  unbounded) and the activation is the projection ``Π_C(a) = clamp(a, lower, upper)`` -- the
+  proximal map of the indicator ``ι_C``; and
+* the **constraint** ``z ∈ C`` of an argmin layer (:mod:`inferlearn.bilevel`), where the bounds may
+  also be per-coordinate tensors (e.g. ``Box(lower=torch.zeros(n))``).
 
 ==============  =============  =================
 name            set C          activation
@@ -13,7 +18,8 @@ name            set C          activation
 ==============  =============  =================
 
 References:
-    Zach & Estellers, "Contrastive learning for lifted networks", Sec. 3, Eq. 1 (MATH.md §A).
+    Zach & Estellers, "Contrastive learning for lifted networks", Sec. 3, Eq. 1 (MATH.md §A);
+    Zach, "Bilevel programs meet deep learning", Prop. 2 (box constraints of the inner problem).
 """
 from __future__ import annotations
 
@@ -23,45 +29,194 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+Bound = float | torch.Tensor
 
-@dataclass(frozen=True)
-class UnitSet:
-    """A box ``C = [lower, upper]`` per coordinate; ``±inf`` means unbounded.
+_UNSET = object()
+
+
+def _check_bound(side: str, b) -> Bound:
+    """A bound as stored: a float (``±inf`` = unbounded, ``None`` read as ``∓inf``) or a tensor."""
+    if b is None:
+        return -math.inf if side == "lower" else math.inf
+    if isinstance(b, torch.Tensor):
+        if b.is_floating_point() and torch.isnan(b).any():
+            raise ValueError(f"Invalid {side} bound: contains NaN")
+        return b
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b):
+        raise ValueError(f"Invalid {side} bound: {b!r}")
+    return float(b)
+
+
+@dataclass(frozen=True, init=False, eq=False, repr=False)
+class Box:
+    """The convex set ``C = {z : lower ≤ z ≤ upper}`` (coordinate-wise), and its projection ``Π_C``.
+
+    Constructed as ``Box(lower, upper)`` or, with a name first, ``Box(name, lower, upper)`` (the
+    spelling ``UnitSet("relu", 0.0, math.inf)`` of the lifted engine); every argument may also be
+    given by keyword. ``None`` and ``±inf`` both mean unbounded on that side and are stored as
+    ``∓inf``. Bounds are floats (the unit sets of lifted networks) or, for argmin-layer constraints,
+    tensors that broadcast to the variable's shape *without enlarging it* (e.g. shape ``(n,)`` for a
+    variable of shape ``(batch, n)``, checked by :meth:`check`).
+
+    Instances are immutable. Equality and hashing compare the name and the bounds: floats by value,
+    tensors by identity (so float boxes behave as the frozen dataclass values the lifted engine
+    keys on, e.g. ``u.lower == 0.0``, ``math.isinf(u.upper)``, ``u is RELU``).
 
     Attributes:
-        name: the CLI name (``relu``, ``hard-sigmoid``, ...).
-        lower: lower bound of every coordinate.
-        upper: upper bound of every coordinate.
+        name: the CLI name of a unit set (``relu``, ``hard-sigmoid``, ...), ``None`` for an
+            anonymous box.
+        lower: lower bound (float, ``-inf`` if unbounded, or tensor).
+        upper: upper bound (float, ``+inf`` if unbounded, or tensor).
+
+    Raises:
+        ValueError: a NaN or non-numeric bound, or a lower bound that is not ``<`` its upper bound.
     """
 
-    name: str
-    lower: float
-    upper: float
+    name: str | None
+    lower: Bound
+    upper: Bound
 
-    def __post_init__(self) -> None:
-        if not self.lower < self.upper:
-            raise ValueError(f"Invalid unit set {self.name!r}: lower {self.lower} must be < upper {self.upper}")
+    def __init__(self, *args, lower=_UNSET, upper=_UNSET, name: str | None = None):
+        if args and isinstance(args[0], str):
+            name, args = args[0], args[1:]
+        if len(args) > 2:
+            raise TypeError(f"Box takes at most (name, lower, upper); got {len(args)} bounds")
+        given = dict(zip(("lower", "upper"), args))
+        for side, value in (("lower", lower), ("upper", upper)):
+            if value is not _UNSET:
+                if side in given:
+                    raise TypeError(f"Box got two values for {side!r}")
+                given[side] = value
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"Box name must be a string, got {type(name).__name__}")
+        lo, hi = _check_bound("lower", given.get("lower")), _check_bound("upper", given.get("upper"))
+        if isinstance(lo, float) and isinstance(hi, float):
+            ok = lo < hi
+        elif (isinstance(lo, float) and lo == -math.inf) or (isinstance(hi, float) and hi == math.inf):
+            # one side is unbounded: nothing to compare
+            ok = True
+        else:
+            lo_t, hi_t = torch.as_tensor(lo, dtype=torch.float64), torch.as_tensor(hi, dtype=torch.float64)
+            try:
+                ok = bool((lo_t < hi_t).all())
+            except RuntimeError:
+                raise ValueError(f"Box bounds of shapes {tuple(lo_t.shape)} and {tuple(hi_t.shape)} "
+                                 "do not broadcast") from None
+        if not ok:
+            what = f"{name!r}" if name is not None else f"[{lo!r}, {hi!r}]"
+            raise ValueError(f"Invalid box {what}: every lower bound must be < its upper bound")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "lower", lo)
+        object.__setattr__(self, "upper", hi)
+        # float boxes (the unit sets, on the lifted engine's hot path): the clamp arguments, precomputed
+        plain = (None if lo == -math.inf else lo, None if hi == math.inf else hi) \
+            if isinstance(lo, float) and isinstance(hi, float) else None
+        object.__setattr__(self, "_plain", plain)
+
+    # -- constructors --------------------------------------------------------------------------------
+    @classmethod
+    def nonnegative(cls) -> "Box":
+        """``z ≥ 0`` (non-negative least squares): the ReLU unit set :data:`RELU` itself."""
+        return RELU
+
+    @classmethod
+    def from_units(cls, units: "str | Box") -> "Box":
+        """The box of a lifted-network unit set: the unit set itself (names are looked up)."""
+        return get_units(units)
+
+    # -- value semantics -----------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        def k(b):
+            return ("tensor", id(b)) if isinstance(b, torch.Tensor) else b
+        return self.name, k(self.lower), k(self.upper)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Box):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        name = "" if self.name is None else f"name={self.name!r}, "
+        return f"Box({name}lower={self.lower!r}, upper={self.upper!r})"
+
+    # -- shape of the set ----------------------------------------------------------------------------
+    @property
+    def has_lower(self) -> bool:
+        """Whether the set is bounded below (a tensor bound counts as bounded)."""
+        return not (isinstance(self.lower, float) and self.lower == -math.inf)
+
+    @property
+    def has_upper(self) -> bool:
+        """Whether the set is bounded above (a tensor bound counts as bounded)."""
+        return not (isinstance(self.upper, float) and self.upper == math.inf)
 
     @property
     def is_linear(self) -> bool:
         """True when the set is all of ℝ (no constraint, identity activation)."""
-        return math.isinf(self.lower) and math.isinf(self.upper)
+        return self._plain == (None, None)
 
+    @property
+    def is_unconstrained(self) -> bool:
+        """Same as :attr:`is_linear` (the argmin layer's name: no constraint on ``z``)."""
+        return self.is_linear
+
+    def check(self, shape: torch.Size) -> None:
+        """Raise ``ValueError`` unless both bounds broadcast to ``shape`` without enlarging it."""
+        for side, b in (("lower", self.lower), ("upper", self.upper)):
+            if isinstance(b, torch.Tensor):
+                try:
+                    out = torch.broadcast_shapes(b.shape, shape)
+                except RuntimeError:
+                    out = None
+                if out != torch.Size(shape):
+                    raise ValueError(f"Constraint {side} bound of shape {tuple(b.shape)} does not match the "
+                                     f"variable of shape {tuple(shape)} (it must broadcast to it)")
+
+    def _bounds(self, z: torch.Tensor) -> tuple[Bound | None, Bound | None]:
+        """The bounds as ``torch.clamp`` takes them for ``z``: ``None`` where unbounded, tensors cast to ``z``."""
+        if self._plain is not None:
+            return self._plain
+        lo, hi = self.lower, self.upper
+        lo = lo.to(z) if isinstance(lo, torch.Tensor) else None if lo == -math.inf else lo
+        hi = hi.to(z) if isinstance(hi, torch.Tensor) else None if hi == math.inf else hi
+        # torch.clamp takes two numbers or two tensors, not one of each
+        if isinstance(lo, torch.Tensor) and isinstance(hi, float):
+            hi = torch.full_like(lo, hi)
+        elif isinstance(hi, torch.Tensor) and isinstance(lo, float):
+            lo = torch.full_like(hi, lo)
+        return lo, hi
+
+    # -- maps ----------------------------------------------------------------------------------------
     def project(self, a: torch.Tensor) -> torch.Tensor:
-        """``Π_C(a)``: the activation applied to pre-activations ``a``."""
-        if self.is_linear:
+        """``Π_C(a)``, the coordinate-wise clamp: the activation applied to pre-activations ``a``."""
+        lo, hi = self._bounds(a)
+        if lo is None and hi is None:
             return a
-        lo = None if math.isinf(self.lower) else self.lower
-        hi = None if math.isinf(self.upper) else self.upper
         return a.clamp(min=lo, max=hi)
 
     def engaged(self, a: torch.Tensor) -> torch.Tensor:
-        """Boolean mask where the projection changes ``a`` (the non-linearity is active)."""
-        if math.isinf(self.upper):
-            return a < self.lower
-        if math.isinf(self.lower):
-            return a > self.upper
-        return (a < self.lower) | (a > self.upper)
+        """Boolean mask where the projection changes ``a`` (strictly outside ``C``: the non-linearity is active)."""
+        lo, hi = self._bounds(a)
+        if lo is None and hi is None:
+            return torch.zeros_like(a, dtype=torch.bool)
+        if hi is None:
+            return a < lo
+        if lo is None:
+            return a > hi
+        return (a < lo) | (a > hi)
+
+    def at_bound(self, z: torch.Tensor, tol: float) -> torch.Tensor:
+        """Boolean mask of coordinates within ``tol`` of a bound (the active set of ``z ∈ C``)."""
+        mask = torch.zeros_like(z, dtype=torch.bool)
+        lo, hi = self._bounds(z)
+        if lo is not None:
+            mask |= z <= lo + tol
+        if hi is not None:
+            mask |= z >= hi - tol
+        return mask
 
     def normal_cone_violation(self, z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """Residual of ``0 ∈ g + N_C(z)`` per coordinate: ``z - Π_C(z - g)``.
@@ -72,10 +227,13 @@ class UnitSet:
         return z - self.project(z - g)
 
 
-LINEAR = UnitSet("linear", -math.inf, math.inf)
-RELU = UnitSet("relu", 0.0, math.inf)
-HARD_SIGMOID = UnitSet("hard-sigmoid", 0.0, 1.0)
-HARD_TANH = UnitSet("hard-tanh", -1.0, 1.0)
+UnitSet = Box
+"""The lifted engine's name for :class:`Box` (a unit set is a box with a name)."""
+
+LINEAR = Box("linear", -math.inf, math.inf)
+RELU = Box("relu", 0.0, math.inf)
+HARD_SIGMOID = Box("hard-sigmoid", 0.0, 1.0)
+HARD_TANH = Box("hard-tanh", -1.0, 1.0)
 
 UNIT_SETS = {u.name: u for u in (LINEAR, RELU, HARD_SIGMOID, HARD_TANH)}
 
@@ -84,12 +242,12 @@ UNIT_SETS = {u.name: u for u in (LINEAR, RELU, HARD_SIGMOID, HARD_TANH)}
 ALIASES = {"hardsigmoid": "hard-sigmoid", "hardtanh": "hard-tanh", "identity": "linear", "none": "linear"}
 
 
-def get_units(name: str | UnitSet) -> UnitSet:
-    """Look up a unit set by name (``relu``, ``hard-sigmoid`` or ``hardsigmoid``, ...).
+def get_units(name: str | Box) -> Box:
+    """Look up a unit set by name (``relu``, ``hard-sigmoid`` or ``hardsigmoid``, ...); a :class:`Box` is returned as is.
 
     Raises ``ValueError`` listing the known names.
     """
-    if isinstance(name, UnitSet):
+    if isinstance(name, Box):
         return name
     key = str(name).lower().replace("_", "-")
     key = ALIASES.get(key, key)
@@ -98,12 +256,12 @@ def get_units(name: str | UnitSet) -> UnitSet:
     return UNIT_SETS[key]
 
 
-def box(lower: float, upper: float) -> UnitSet:
+def box(lower: float, upper: float) -> Box:
     """The unit set ``[lower, upper]``, named after the known set it equals (else ``box[lo,hi]``)."""
     for u in UNIT_SETS.values():
         if u.lower == lower and u.upper == upper:
             return u
-    return UnitSet(f"box[{lower:g},{upper:g}]", float(lower), float(upper))
+    return Box(f"box[{lower:g},{upper:g}]", float(lower), float(upper))
 
 
 class Clamp(nn.Module):
@@ -114,10 +272,10 @@ class Clamp(nn.Module):
     ``nn.Identity`` are recognised as unit sets too (:func:`units_of_module`).
 
     Args:
-        units: a unit-set name or :class:`UnitSet`.
+        units: a unit-set name or a :class:`Box` with float bounds.
     """
 
-    def __init__(self, units: str | UnitSet = "hard-sigmoid"):
+    def __init__(self, units: str | Box = "hard-sigmoid"):
         super().__init__()
         self.units = get_units(units)
 
@@ -125,10 +283,10 @@ class Clamp(nn.Module):
         return self.units.project(a)
 
     def extra_repr(self) -> str:
-        return self.units.name
+        return self.units.name if self.units.name is not None else repr(self.units)
 
 
-def units_of_module(module: nn.Module) -> UnitSet | None:
+def units_of_module(module: nn.Module) -> Box | None:
     """The unit set whose projection ``module`` computes, or ``None`` if it is not a box projection.
 
     ``nn.ReLU`` → ``relu``; ``nn.ReLU6`` → ``[0, 6]``; ``nn.Hardtanh(lo, hi)`` → ``[lo, hi]`` (so

@@ -17,6 +17,13 @@ gradient solve with Hessian-vector products on the coordinates away from their b
 at a bound get zero derivative (the convention ``ReLU'(0) = 0``), and weakly active ones are
 counted in :attr:`ArgminLayer.last_backward` so that the failure is visible.
 
+The layer carries no machinery of its own for what the lifted engine already has: the phases and
+their weights come from :func:`inferlearn.engine.phases.nudged_phases` (the gradient is
+``Σ weight · ∇E(ẑ_phase) / β``, sign 0 being the free solution ``z*``), the constraint set is the
+engine's :class:`~inferlearn.units.Box` (the unit sets ``RELU``, ``HARD_SIGMOID``, ... are boxes;
+tensor bounds give per-coordinate constraints), and solves report the engine's
+:class:`~inferlearn.engine.solvers.SolveInfo`.
+
 Energies return one value per sample (shape ``(batch,)``); the problem is separable over the batch,
 and solvers treat the batch as one problem (sums of energies). Shipped energies:
 :class:`QuadraticEnergy` (``½ zᵀQz − cᵀz``), :class:`LeastSquaresEnergy` (non-negative least squares
@@ -38,109 +45,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..units import UnitSet
+from ..engine.phases import check_beta, check_nudging, nudged_phases
+from ..engine.solvers import SolveInfo
 from ..errors import ConvergenceError, ConvergenceWarning
+from ..units import Box, get_units
 
 BACKWARDS = ("contrastive", "implicit")
-NUDGINGS = ("positive", "negative", "symmetric")
-
-
-def _check_beta(beta) -> float:
-    ok = isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and beta > 0
-    if not ok:
-        raise ValueError(f"Invalid beta: {beta}")
-    return float(beta)
-
-
-# --------------------------------------------------------------------------------------------------
-# Constraints
-# --------------------------------------------------------------------------------------------------
-
-class Box:
-    """The convex set ``{z : lower ≤ z ≤ upper}`` (``None`` = unbounded on that side).
-
-    Bounds are floats or tensors that broadcast to the variable's shape *without enlarging it*
-    (e.g. shape ``(n,)`` for a variable of shape ``(batch, n)``); anything else raises ``ValueError``.
-    """
-
-    def __init__(self, lower: float | torch.Tensor | None = None, upper: float | torch.Tensor | None = None):
-        for name, b in (("lower", lower), ("upper", upper)):
-            if b is None:
-                continue
-            if isinstance(b, torch.Tensor):
-                if b.is_floating_point() and torch.isnan(b).any():
-                    raise ValueError(f"Invalid {name} bound: contains NaN")
-            elif not isinstance(b, (int, float)) or math.isnan(b):
-                raise ValueError(f"Invalid {name} bound: {b!r}")
-        if isinstance(lower, (int, float)) and math.isinf(lower) and lower < 0:
-            lower = None
-        if isinstance(upper, (int, float)) and math.isinf(upper) and upper > 0:
-            upper = None
-        if lower is not None and upper is not None:
-            lo, hi = torch.as_tensor(lower, dtype=torch.float64), torch.as_tensor(upper, dtype=torch.float64)
-            try:
-                ok = bool((lo < hi).all())
-            except RuntimeError:
-                raise ValueError(f"Box bounds of shapes {tuple(lo.shape)} and {tuple(hi.shape)} do not broadcast") from None
-            if not ok:
-                raise ValueError("Invalid box: every lower bound must be < its upper bound")
-        self.lower, self.upper = lower, upper
-
-    @classmethod
-    def nonnegative(cls) -> "Box":
-        """``z ≥ 0`` (non-negative least squares, the ReLU unit)."""
-        return cls(0.0, None)
-
-    @classmethod
-    def from_units(cls, units: UnitSet) -> "Box":
-        """The box of a lifted-network unit set (``relu`` → ``z ≥ 0``, ``hard-sigmoid`` → ``[0, 1]``)."""
-        return cls(None if math.isinf(units.lower) else units.lower, None if math.isinf(units.upper) else units.upper)
-
-    @property
-    def is_unconstrained(self) -> bool:
-        return self.lower is None and self.upper is None
-
-    def check(self, shape: torch.Size) -> None:
-        """Raise ``ValueError`` unless both bounds broadcast to ``shape`` without enlarging it."""
-        for name, b in (("lower", self.lower), ("upper", self.upper)):
-            if isinstance(b, torch.Tensor):
-                try:
-                    out = torch.broadcast_shapes(b.shape, shape)
-                except RuntimeError:
-                    out = None
-                if out != torch.Size(shape):
-                    raise ValueError(f"Constraint {name} bound of shape {tuple(b.shape)} does not match the "
-                                     f"variable of shape {tuple(shape)} (it must broadcast to it)")
-
-    def _bounds(self, z: torch.Tensor):
-        lo = self.lower.to(z) if isinstance(self.lower, torch.Tensor) else self.lower
-        hi = self.upper.to(z) if isinstance(self.upper, torch.Tensor) else self.upper
-        # torch.clamp takes two numbers or two tensors, not one of each
-        if isinstance(lo, torch.Tensor) and isinstance(hi, (int, float)):
-            hi = torch.full_like(lo, hi)
-        if isinstance(hi, torch.Tensor) and isinstance(lo, (int, float)):
-            lo = torch.full_like(hi, lo)
-        return lo, hi
-
-    def project(self, z: torch.Tensor) -> torch.Tensor:
-        """``Π_C(z)``, coordinate-wise clamp."""
-        if self.is_unconstrained:
-            return z
-        lo, hi = self._bounds(z)
-        return torch.clamp(z, min=lo, max=hi)
-
-    def at_bound(self, z: torch.Tensor, tol: float) -> torch.Tensor:
-        """Boolean mask of coordinates within ``tol`` of a bound (the active set)."""
-        mask = torch.zeros_like(z, dtype=torch.bool)
-        lo, hi = self._bounds(z)
-        if lo is not None:
-            mask |= z <= lo + tol
-        if hi is not None:
-            mask |= z >= hi - tol
-        return mask
-
-    def __repr__(self) -> str:
-        return f"Box(lower={self.lower!r}, upper={self.upper!r})"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -342,16 +252,6 @@ class _Shifted(Energy):
 # --------------------------------------------------------------------------------------------------
 
 @dataclass
-class SolveInfo:
-    """What a solve did: iterations, final optimality residual ``max|z − Π(z − ∇E)|``, convergence."""
-
-    iterations: int
-    residual: float
-    converged: bool
-    method: str
-
-
-@dataclass
 class AcceleratedProjectedGradient:
     """FISTA with adaptive restart and backtracking for ``min_{z ∈ box} E(z)``.
 
@@ -364,6 +264,11 @@ class AcceleratedProjectedGradient:
     warn with :class:`~inferlearn.errors.ConvergenceWarning` (``"warn"``): non-finite iterates or an
     energy that decreases without bound (not convex / unbounded below), backtracking that cannot
     find a step, and the iteration limit.
+
+    Called as ``solver(energy, box, z0, inputs)``, it returns ``(z, info)`` with the engine's
+    :class:`~inferlearn.engine.solvers.SolveInfo`: ``solver`` is ``"fista"`` (or
+    ``"projected-gradient"`` without momentum), ``residual`` is ``max|z − Π_C(z − ∇E(z))|``
+    (:meth:`Box.normal_cone_violation`; ``inf`` after a failure) and ``tol`` is this solver's ``tol``.
 
     Args:
         max_iter: iteration limit.
@@ -422,7 +327,7 @@ class AcceleratedProjectedGradient:
             else:
                 self._fail(f"{method}: backtracking found no step (L > {L:.3g}) at iteration {it}; "
                            "is the energy smooth in z?")
-                return z, SolveInfo(it, float("inf"), False, method)
+                return z, SolveInfo(method, it, float("inf"), False, self.tol)
             if self.momentum:
                 # gradient-based restart (O'Donoghue & Candès): drop momentum that points uphill
                 if float(((y - z_new) * (z_new - z)).sum()) > 0:
@@ -441,18 +346,30 @@ class AcceleratedProjectedGradient:
                 if not (torch.isfinite(z).all() and torch.isfinite(fz)) or float(fz) < -1e12 * e0:
                     self._fail(f"{method}: iterates diverged at iteration {it} (energy {float(fz):.3g}); "
                                "the energy is not convex or not bounded below on the constraint set")
-                    return z, SolveInfo(it, float("inf"), False, method)
-                res = float((z - box.project(z - energy.grad_z(z, *inputs))).abs().max()) if z.numel() else 0.0
+                    return z, SolveInfo(method, it, float("inf"), False, self.tol)
+                res = float(box.normal_cone_violation(z, energy.grad_z(z, *inputs)).abs().max()) if z.numel() else 0.0
                 if res <= self.tol:
-                    return z, SolveInfo(it, res, True, method)
+                    return z, SolveInfo(method, it, res, True, self.tol)
             if backtrack:
                 L *= 0.9        # let the step grow again
-        res = float((z - box.project(z - energy.grad_z(z, *inputs))).abs().max()) if z.numel() else 0.0
+        res = float(box.normal_cone_violation(z, energy.grad_z(z, *inputs)).abs().max()) if z.numel() else 0.0
         if res <= self.tol:
-            return z, SolveInfo(self.max_iter, res, True, method)
+            return z, SolveInfo(method, self.max_iter, res, True, self.tol)
         self._fail(f"{method}: no convergence in {self.max_iter} iterations (residual {res:.3g} > tol {self.tol:.3g}); "
                    "raise max_iter, or check that the energy is convex in z")
-        return z, SolveInfo(self.max_iter, res, False, method)
+        return z, SolveInfo(method, self.max_iter, res, False, self.tol)
+
+
+def _as_box(box) -> Box:
+    """``None`` → the unconstrained box, a name → its unit set, a :class:`Box` → itself."""
+    if box is None:
+        return Box()
+    if isinstance(box, str):
+        return get_units(box)
+    if not isinstance(box, Box):
+        raise TypeError(f"box must be an inferlearn.units.Box (inferlearn.bilevel.Box) or a unit-set name, "
+                        f"got {type(box).__name__}")
+    return box
 
 
 def ProjectedGradient(max_iter: int = 5000, tol: float = 1e-6, on_fail: str = "raise") -> AcceleratedProjectedGradient:
@@ -464,11 +381,18 @@ def solve(energy: Energy, inputs: Sequence[torch.Tensor], box: Box | None = None
           init: torch.Tensor | None = None, shift: torch.Tensor | None = None) -> tuple[torch.Tensor, SolveInfo]:
     """``argmin_{z ∈ box} E(z; inputs) + shiftᵀz``: the closed form when the energy has one, else ``solver``.
 
+    ``box`` is a :class:`~inferlearn.units.Box` (any unit set, e.g. ``RELU``), a unit-set name
+    (``"relu"``, ``"hard-sigmoid"``) or ``None`` (unconstrained).
+
+    Returns:
+        ``(z, info)``: the minimiser and a :class:`~inferlearn.engine.solvers.SolveInfo` (``solver``
+        ``"closed-form"`` with 0 iterations and ``tol=None`` when the energy's closed form was used).
+
     Raises:
         ValueError: constraints whose shape does not match ``z``.
         ConvergenceError: the solver did not converge (see :class:`AcceleratedProjectedGradient`).
     """
-    box = box or Box()
+    box = _as_box(box)
     inputs = [x.detach() for x in inputs]
     z0 = init.detach() if init is not None else energy.initial(*inputs)
     box.check(z0.shape)
@@ -477,7 +401,7 @@ def solve(energy: Energy, inputs: Sequence[torch.Tensor], box: Box | None = None
     with torch.no_grad():
         z = energy.closed_form(box, shift, *inputs)
     if z is not None:
-        return z, SolveInfo(0, 0.0, True, "closed-form")
+        return z, SolveInfo("closed-form", 0, 0.0, True, None)
     solver = solver or AcceleratedProjectedGradient()
     return solver(_Shifted(energy, shift), box, z0, inputs)
 
@@ -491,7 +415,9 @@ class BackwardInfo:
     """Diagnostics of the last backward of an :class:`ArgminLayer`.
 
     Attributes:
-        solves: ``SolveInfo`` of each nudged solve (contrastive) or of the CG solve (implicit).
+        solves: the :class:`~inferlearn.engine.solvers.SolveInfo` of each nudged solve, in the
+            order of :func:`~inferlearn.engine.phases.nudged_phases` (contrastive), or of the CG
+            solve (implicit, ``solver="cg"``).
         active: number of coordinates at a bound.
         weakly_active: coordinates at a bound whose multiplier is (numerically) zero: implicit
             differentiation has no derivative there (Prop. 2) and the reference returns 0.
@@ -531,11 +457,14 @@ class ArgminLayer(nn.Module):
     Args:
         energy: the inner objective (an :class:`Energy`; if it is an ``nn.Module`` its parameters
             are this layer's parameters and receive gradients).
-        box: optional :class:`Box` constraint (``Box.nonnegative()``, ``Box(0, 1)``, per-coordinate
-            tensors).
-        beta: nudging strength ``β > 0`` of the contrastive backward.
-        nudging: ``"positive"`` (``E + βgᵀz``, lower bound), ``"negative"`` (``E − βgᵀz``, upper
-            bound) or ``"symmetric"`` (both; gradient error O(β²)).
+        box: optional constraint ``z ∈ C``: a :class:`~inferlearn.units.Box` (``Box.nonnegative()``,
+            ``Box(0, 1)``, per-coordinate tensor bounds, or any unit set such as ``HARD_SIGMOID``) or
+            a unit-set name (``"relu"``).
+        beta: nudging strength ``β > 0`` of the contrastive backward
+            (:func:`~inferlearn.engine.phases.check_beta`).
+        nudging: one of :data:`~inferlearn.engine.phases.NUDGINGS`: ``"positive"`` (``E + βgᵀz``,
+            lower bound), ``"negative"`` (``E − βgᵀz``, upper bound) or ``"symmetric"`` (both;
+            gradient error O(β²)); the phases are :func:`~inferlearn.engine.phases.nudged_phases`.
         backward: ``"contrastive"`` (the surrogate) or ``"implicit"`` (implicit differentiation,
             the reference; CG with Hessian-vector products on the free coordinates).
         solver: called as ``solver(energy, box, z0, inputs)``; default
@@ -563,14 +492,11 @@ class ArgminLayer(nn.Module):
         if not isinstance(energy, Energy):
             raise TypeError(f"energy must be an inferlearn.bilevel.Energy, got {type(energy).__name__}; "
                             "wrap a Python function in FunctionEnergy")
-        if nudging not in NUDGINGS:
-            raise ValueError(f"Invalid nudging: {nudging!r} (choose one of {list(NUDGINGS)})")
+        check_nudging(nudging)
         if backward not in BACKWARDS:
             raise ValueError(f"Invalid backward: {backward!r} (choose one of {list(BACKWARDS)})")
-        if box is not None and not isinstance(box, Box):
-            raise TypeError(f"box must be an inferlearn.bilevel.Box, got {type(box).__name__}")
-        self.beta = _check_beta(beta)
-        self.energy, self.box, self.nudging, self.backward_mode = energy, box or Box(), nudging, backward
+        self.beta = check_beta(beta)
+        self.energy, self.box, self.nudging, self.backward_mode = energy, _as_box(box), nudging, backward
         self.solver = solver or AcceleratedProjectedGradient()
         self.check_energy_gap, self.bound_tol = check_energy_gap, bound_tol
         self.cg_tol, self.cg_max_iter = cg_tol, cg_max_iter
@@ -587,11 +513,11 @@ class ArgminLayer(nn.Module):
         return _ArgminFunction.apply(self, len(inputs), init, *inputs, *params)
 
     # -- backward ----------------------------------------------------------------------------------
-    def _energy_difference_grads(self, z_hi, z_lo, scale, inputs, params, needs):
-        """Gradients of ``scale · Σ [E(z_hi; ·) − E(z_lo; ·)]`` w.r.t. inputs and parameters (Danskin)."""
+    def _phase_grads(self, zs, phases, inputs, params, needs):
+        """Gradients of ``Σ_phase weight · Σ_batch E(ẑ_phase; ·) / β`` w.r.t. inputs and parameters (Danskin)."""
         with torch.enable_grad():
             xs = [x.detach().requires_grad_(need and x.is_floating_point()) for x, need in zip(inputs, needs)]
-            diff = (self.energy.value(z_hi, *xs) - self.energy.value(z_lo, *xs)).sum() * scale
+            diff = sum(p.weight * self.energy.value(zp, *xs) for zp, p in zip(zs, phases)).sum() * (1.0 / self.beta)
             targets = [x for x in xs if x.requires_grad] + [p for p, need in zip(params, needs[len(inputs):]) if need]
             grads = torch.autograd.grad(diff, targets, allow_unused=True) if targets else []
         it = iter(grads)
@@ -601,6 +527,7 @@ class ArgminLayer(nn.Module):
                 for o, t, need in zip(out, list(inputs) + list(params), needs)]
 
     def _nudged(self, z, g, sign, inputs, info):
+        """``ẑ = argmin_{z ∈ box} E(z) + sign · β gᵀz`` from ``z*``, with the energy-gap check of convexity."""
         ẑ, s = solve(self.energy, inputs, self.box, self.solver, init=z, shift=sign * self.beta * g)
         info.solves.append(s)
         with torch.no_grad():
@@ -625,14 +552,9 @@ class ArgminLayer(nn.Module):
                 info.weakly_active = int((active & (gz.abs() <= 1e3 * self.bound_tol + 1e-12)).sum())
         if self.backward_mode == "implicit":
             return self._implicit(z, g, inputs, params, needs, active, info)
-        b = self.beta
-        if self.nudging == "positive":
-            return self._energy_difference_grads(self._nudged(z, g, 1.0, inputs, info), z, 1.0 / b, inputs, params, needs)
-        if self.nudging == "negative":
-            return self._energy_difference_grads(z, self._nudged(z, g, -1.0, inputs, info), 1.0 / b, inputs, params, needs)
-        z_plus = self._nudged(z, g, 1.0, inputs, info)
-        z_minus = self._nudged(z, g, -1.0, inputs, info)
-        return self._energy_difference_grads(z_plus, z_minus, 0.5 / b, inputs, params, needs)
+        phases = nudged_phases(self.nudging)
+        zs = [z if p.sign == 0 else self._nudged(z, g, float(p.sign), inputs, info) for p in phases]
+        return self._phase_grads(zs, phases, inputs, params, needs)
 
     def _implicit(self, z, g, inputs, params, needs, active, info):
         """``∇ = −∇²_{θz}E · v`` with ``H_FF v_F = g_F`` on the free coordinates ``F``, ``v = 0`` elsewhere."""
@@ -671,6 +593,10 @@ def conjugate_gradient(apply_h: Callable[[torch.Tensor], torch.Tensor], b: torch
                        max_iter: int = 1000) -> tuple[torch.Tensor, SolveInfo]:
     """Solve ``H v = b`` for symmetric positive definite ``H`` given as ``apply_h``.
 
+    Returns:
+        ``(v, info)`` with a :class:`~inferlearn.engine.solvers.SolveInfo` (``solver="cg"``,
+        ``residual = ‖b − Hv‖``, ``tol`` the relative tolerance on it).
+
     Raises:
         ConvergenceError: on negative or zero curvature ``pᵀHp ≤ 0`` (the energy is not strongly
             convex at the solution: implicit differentiation is undefined there), or no convergence.
@@ -681,7 +607,7 @@ def conjugate_gradient(apply_h: Callable[[torch.Tensor], torch.Tensor], b: torch
     rr = float((r * r).sum())
     b_norm = math.sqrt(float((b * b).sum()))
     if b_norm == 0.0:
-        return x, SolveInfo(0, 0.0, True, "cg")
+        return x, SolveInfo("cg", 0, 0.0, True, tol)
     for it in range(1, max_iter + 1):
         hp = apply_h(p)
         curv = float((p * hp).sum())
@@ -694,7 +620,7 @@ def conjugate_gradient(apply_h: Callable[[torch.Tensor], torch.Tensor], b: torch
         r = r - alpha * hp
         rr_new = float((r * r).sum())
         if math.sqrt(rr_new) <= tol * b_norm:
-            return x, SolveInfo(it, math.sqrt(rr_new), True, "cg")
+            return x, SolveInfo("cg", it, math.sqrt(rr_new), True, tol)
         p = r + (rr_new / rr) * p
         rr = rr_new
     raise ConvergenceError(f"Implicit differentiation: conjugate gradient did not converge in {max_iter} iterations "
