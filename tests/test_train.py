@@ -11,7 +11,7 @@ import torch
 
 from inferlearn.atomic import read_jsonl
 from inferlearn.training.config import TrainConfig
-from inferlearn.errors import DivergenceError
+from inferlearn.errors import DivergenceError, RunFolderError
 from inferlearn.training.loop import train
 
 DROP = ("epoch_seconds",)
@@ -52,7 +52,7 @@ def test_resume_gives_same_final_metrics(tmp_path):
 
 def test_resume_refuses_a_different_run(tmp_path):
     train(_cfg(tmp_path, "x", epochs=1), progress=False, log=None)
-    with pytest.raises(ValueError, match="different settings"):
+    with pytest.raises(RunFolderError, match="different settings"):
         train(_cfg(tmp_path, "x", epochs=2, lr=0.5), progress=False, resume=True, log=None)
 
 
@@ -114,3 +114,55 @@ def test_architecture_must_fit_data(tmp_path):
 def test_config_rejects_unknown_keys():
     with pytest.raises(ValueError, match="Unknown config keys"):
         TrainConfig.from_dict({"data": "digits", "lrr": 0.1})
+
+
+@pytest.mark.parametrize("rule", ["contrastive", "eqprop", "lifted-j0", "pc", "lifted-fenchel", "fenchel-bp"])
+def test_resume_is_exact_for_every_rule(tmp_path, rule):
+    """Rules keep no state between calls (no solver caches), so 1 + 1 resumed epochs equal 2 epochs
+    exactly, metric for metric. Guards against state outside the checkpoint (the old λ cache)."""
+    full = train(_cfg(tmp_path, "full", rule=rule, epochs=2, lr=0.05), progress=False, log=None)
+    train(_cfg(tmp_path, "part", rule=rule, epochs=1, lr=0.05), progress=False, log=None)
+    resumed = train(_cfg(tmp_path, "part", rule=rule, epochs=2, lr=0.05), progress=False, resume=True, log=None)
+    assert _strip(full) == _strip(resumed)
+
+
+def test_run_folder_guards(tmp_path):
+    """A new run never silently overwrites another; --overwrite replaces it; leftover temporary files
+    of an interrupted write are removed; damaged or missing files give one clear error naming them."""
+    cfg = _cfg(tmp_path, "r", epochs=1)
+    train(cfg, progress=False, log=None)
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        train(cfg, progress=False, log=None)
+    (tmp_path / "r" / ".checkpoint.pt.abc123.tmp").write_bytes(b"partial")
+    train(cfg, progress=False, log=None, overwrite=True)
+    assert not list((tmp_path / "r").glob(".*.tmp"))
+    (tmp_path / "r" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RunFolderError, match=r"checkpoint.pt is damaged.*delete it"):
+        train(cfg.replace(epochs=2), progress=False, resume=True, log=None)
+    (tmp_path / "r" / "config.json").write_text("{")
+    from inferlearn.training.loop import load_config
+    with pytest.raises(RunFolderError, match=r"config.json is damaged"):
+        load_config(tmp_path / "r")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunFolderError, match=r"config.json does not exist: the run never started"):
+        load_config(tmp_path / "empty")
+
+
+def test_resume_without_checkpoint_restarts_with_a_note(tmp_path):
+    """Killed before the first checkpoint: --resume starts the run from scratch and says so."""
+    cfg = _cfg(tmp_path, "k", epochs=1)
+    notes = []
+    history = train(cfg, progress=False, resume=True, log=notes.append)
+    assert history[-1]["epoch"] == 1 and any("no checkpoint yet" in n for n in notes)
+
+
+def test_cli_refuses_options_dropped_by_resume(tmp_path, capsys):
+    """An option given with --resume would be ignored: it is refused, naming the option."""
+    from inferlearn.cli import main
+    out = str(tmp_path / "c")
+    assert main(["train", "--data", "digits", "--arch", "64-16-10", "--epochs", "1", "--out", out, "--quiet"]) == 0
+    assert main(["train", "--resume", out, "--lr", "0.3", "--quiet"]) == 2
+    assert "--lr given with --resume" in capsys.readouterr().err
+    assert main(["train", "--resume", out, "--epochs", "2", "--quiet"]) == 0
+    assert main(["train", "--data", "digits", "--epochs", "0", "--out", str(tmp_path / "z"), "--quiet"]) == 2
+    assert "Invalid epochs: 0" in capsys.readouterr().err

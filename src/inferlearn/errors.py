@@ -12,6 +12,11 @@ class DataError(InferlearnError):
     """A dataset could not be found, downloaded or verified (missing, truncated or corrupt file)."""
 
 
+class RunFolderError(InferlearnError):
+    """A run folder cannot be used: it holds another run, lacks its config or checkpoint, is damaged or
+    cannot be written."""
+
+
 class DivergenceError(InferlearnError):
     """Training produced a non-finite loss or non-finite weights."""
 

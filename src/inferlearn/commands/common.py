@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -34,12 +35,36 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
 
 
 def check_device(device: str) -> None:
+    """Raise ``ValueError`` for a device this machine cannot run (one line naming it and the fix)."""
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ValueError(f"Unsupported device {device!r}; use --device cpu or --device cuda")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"Device {device!r} requested but CUDA is not available; use --device cpu")
 
 
+def check_data_dir(data_dir: str | None) -> None:
+    """Raise ``ValueError`` when ``--data-dir`` names a folder that does not exist."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise ValueError(f"--data-dir {data_dir} is not a folder; give the folder that holds the data sets "
+                         "(e.g. mnist/, fashion-mnist/)")
+
+
+def explicit_options(args) -> set[str]:
+    """The option names whose values differ from the parser's defaults (those the user gave)."""
+    return {k for k, v in vars(args).items() if k in _DEFAULTS.get(args.command, {}) and v != _DEFAULTS[args.command][k]}
+
+
+_DEFAULTS: dict[str, dict] = {}
+
+
+def remember_defaults(command: str, parser: argparse.ArgumentParser) -> None:
+    """Record a subcommand's defaults, for :func:`explicit_options`."""
+    _DEFAULTS[command] = {a.dest: a.default for a in parser._actions if a.dest != "help"}
+
+
 def config_from_args(args, **overrides) -> TrainConfig:
     check_device(args.device)
+    check_data_dir(args.data_dir)
     return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
                        optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,

@@ -1,11 +1,14 @@
 """``inferlearn train``: train one network with one rule."""
 from __future__ import annotations
 
+from ..rules import RULES
 from ..training.compare import parse_rule_options
 from ..training.config import TrainConfig
-from ..rules import RULES
 from ..training.loop import load_config, train
-from .common import add_training_options, check_device, config_from_args
+from .common import add_training_options, check_device, config_from_args, explicit_options, remember_defaults
+
+# what may accompany --resume: the run's length, where it runs, and how much it prints
+RESUME_OPTIONS = {"epochs", "device", "quiet", "resume"}
 
 
 def register(sub) -> None:
@@ -14,24 +17,34 @@ def register(sub) -> None:
     p.add_argument("--rule", default="backprop", help=f"learning rule: {', '.join(sorted(RULES))}")
     p.add_argument("--rule-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="rule hyper-parameter, repeatable (e.g. --rule-opt gamma=1/8)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
+                   "(its settings come from DIR/config.json; --epochs extends it)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.set_defaults(func=run, epochs=None)
+    remember_defaults("train", p)
 
 
 def run(args) -> int:
     if args.resume:
+        given = explicit_options(args) - RESUME_OPTIONS
+        if given:
+            flags = ", ".join("--" + g.replace("_", "-") for g in sorted(given))
+            raise ValueError(f"{flags} given with --resume: a resumed run keeps the settings of "
+                             f"{args.resume}/config.json; drop {flags}, or start a new run with another --out")
         config = load_config(args.resume)
         if args.epochs is not None:  # resume and extend (or shorten) the run
             config = config.replace(epochs=args.epochs)
+        if "device" in explicit_options(args):
+            config = config.replace(device=args.device)
         check_device(config.device)
         config = config.replace(out=args.resume)
         resume = True
     else:
-        args.epochs = args.epochs or TrainConfig().epochs
+        args.epochs = TrainConfig().epochs if args.epochs is None else args.epochs
         options = parse_rule_options([f"{args.rule}.{o}" for o in args.rule_opt]).get(args.rule, {})
         config = config_from_args(args, rule=args.rule, rule_options=options)
         resume = False
-    history = train(config, progress=not args.quiet, resume=resume)
+    history = train(config, progress=not args.quiet, resume=resume, overwrite=args.overwrite)
     last = history[-1] if history else {}
     print(f"done: test accuracy {last.get('test_acc', float('nan')):.4f}; results in {config.out}")
     return 0

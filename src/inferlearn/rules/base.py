@@ -124,7 +124,10 @@ def _convert(value: str, typ, key: str, rule: str):
                 return False
             raise ValueError(value)
         if typ is float:
-            return float(eval(value, {"__builtins__": {}}, {})) if "/" in value else float(value)
+            if "/" in value:   # a fraction such as 1/8 (no eval of user strings)
+                num, den = value.split("/", 1)
+                return float(num) / float(den)
+            return float(value)
         return typ(value)
     except (ValueError, TypeError, SyntaxError, ZeroDivisionError):
         raise ValueError(f"Invalid value {value!r} for option {key!r} of rule {rule!r} (expected {typ.__name__})") from None

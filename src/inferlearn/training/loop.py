@@ -14,7 +14,6 @@ Output folder::
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from tqdm.auto import tqdm
 from .config import TrainConfig
 from ..data import Dataset, load_dataset
 from ..diagnostics import active_fraction, evaluate
-from ..errors import DivergenceError
+from ..errors import DivergenceError, RunFolderError
 from ..losses import quadratic_loss, one_hot
 from ..models import build_model
 from ..rules import Rule, make_rule
@@ -129,21 +128,34 @@ def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
             "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss}
 
 
-def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=print) -> list[dict]:
+def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=print,
+          overwrite: bool = False) -> list[dict]:
     """Train according to ``config`` into its run folder (:class:`RunFolder`); returns the per-epoch metrics.
 
     Args:
-        resume: continue from ``config.out/checkpoint.pt`` if present (epochs already done are skipped).
+        resume: continue from ``config.out/checkpoint.pt`` if present (epochs already done are skipped;
+            without a checkpoint the run restarts from scratch, with a note).
         log: called with one line per epoch (``None`` for silence).
+        overwrite: start afresh in a folder that holds another run (otherwise refused).
+
+    Raises:
+        RunFolderError: a new run into a folder that holds one (without ``overwrite``); a resumed run
+            whose folder holds different settings; a damaged checkpoint.
     """
     torch.manual_seed(config.seed)
     folder = RunFolder(config.out)
+    if resume:
+        if (folder.path / "config.json").exists():
+            _check_same_run(folder.path, config)
+    else:
+        folder.refuse_overwrite(overwrite)
     s = build(config)
     history: list[dict] = []
     start = 0
     ckpt = folder.load_checkpoint(map_location=config.device) if resume else None
+    if resume and ckpt is None and log:
+        log(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
     if ckpt is not None:
-        _check_same_run(folder.path, config)
         s.model.load_state_dict(ckpt["model"])
         s.optimizer.load_state_dict(ckpt["optimizer"])
         if "scheduler" in ckpt:
@@ -167,18 +179,24 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=
 
 def _check_same_run(out: Path, config: TrainConfig) -> None:
     """Refuse to resume a folder that holds a run with different settings (only ``epochs`` may grow)."""
-    if not (out / "config.json").exists():
-        return
     saved = load_config(out).to_dict()
     current = config.to_dict()
     diff = sorted(k for k in current if k not in ("epochs", "out", "device") and saved.get(k) != current[k])
     if diff:
-        raise ValueError(f"{out} holds a run with different settings ({', '.join(diff)}); "
-                         "use another --out folder or delete it")
+        raise RunFolderError(f"{out} holds a run with different settings ({', '.join(diff)}); "
+                             "use another --out folder, or --overwrite to replace it")
 
 
 def load_config(folder: str | Path) -> TrainConfig:
-    """Read ``config.json`` of a run folder."""
-    d = json.loads((Path(folder) / "config.json").read_text())
+    """Read ``config.json`` of a run folder (:class:`RunFolderError` naming the file when missing or damaged)."""
+    if not Path(folder).is_dir():
+        raise RunFolderError(f"Run folder {folder} does not exist; check the path given to --resume")
+    d = RunFolder(folder).read_config()
+    if not isinstance(d, dict) or "rule" not in d:
+        raise RunFolderError(f"{Path(folder) / 'config.json'} is not the config of an `inferlearn train` run "
+                             "(an admm run folder? resume it with `inferlearn admm --resume`)")
     d.pop("model_sizes", None)
-    return TrainConfig.from_dict(d)
+    try:
+        return TrainConfig.from_dict(d)
+    except (ValueError, TypeError) as exc:
+        raise RunFolderError(f"{Path(folder) / 'config.json'} holds invalid settings: {exc}") from None

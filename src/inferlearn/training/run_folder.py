@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import append_jsonl, save_torch, write_json, write_text
+from ..errors import RunFolderError
 from ..plots import plot_curves
 
 CHECKPOINT = "checkpoint.pt"
@@ -40,17 +41,73 @@ class RunFolder:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFolderError(f"Output folder {self.path} is a file; choose another --out")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise RunFolderError(f"Cannot write to output folder {self.path} ({exc.strerror}); choose another --out") from None
+        self.removed_temporaries = self._clean_temporaries()
+
+    def _clean_temporaries(self) -> list[str]:
+        """Delete the temporary files an interrupted atomic write left behind (``.NAME.*.tmp``)."""
+        removed = []
+        for tmp in self.path.glob(".*.tmp"):
+            try:
+                tmp.unlink()
+                removed.append(tmp.name)
+            except OSError:
+                pass
+        return removed
+
+    def holds_run(self) -> bool:
+        """True when the folder holds (part of) a run: a config, metrics or a checkpoint."""
+        return any((self.path / f).exists() for f in (CONFIG, METRICS, CHECKPOINT))
+
+    def refuse_overwrite(self, overwrite: bool) -> None:
+        """Raise :class:`RunFolderError` if the folder holds a run and ``overwrite`` is not set."""
+        if self.holds_run() and not overwrite:
+            raise RunFolderError(f"{self.path} already holds a run; continue it with --resume {self.path}, "
+                                 "replace it with --overwrite, or choose another --out")
+        if overwrite:
+            for f in (CONFIG, METRICS, CHECKPOINT, "curves.png"):
+                (self.path / f).unlink(missing_ok=True)
+
+    def read_config(self) -> dict:
+        """The run's ``config.json`` (:class:`RunFolderError` naming the file when missing or damaged)."""
+        path = self.path / CONFIG
+        if not path.exists():
+            raise RunFolderError(f"{path} does not exist: the run never started (or {self.path} is not a run "
+                                 "folder); start it again without --resume")
+        try:
+            return json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RunFolderError(f"{path} is damaged ({exc}); fix or delete it and start the run again") from None
 
     @property
     def checkpoint_path(self) -> Path:
         return self.path / CHECKPOINT
 
     def load_checkpoint(self, map_location=None) -> dict | None:
-        """The last checkpoint (``{"state": …, "history": […], …}``) or ``None`` if there is none."""
+        """The last checkpoint (``{"state": …, "history": […], …}``) or ``None`` if there is none.
+
+        Raises:
+            RunFolderError: the file exists but cannot be read (truncated, not a checkpoint).
+        """
         if not self.checkpoint_path.exists():
             return None
-        return torch.load(self.checkpoint_path, map_location=map_location, weights_only=False)
+        try:
+            ckpt = torch.load(self.checkpoint_path, map_location=map_location, weights_only=False)
+        except Exception as exc:   # truncated zip, unpickling errors, EOF: all mean a damaged file
+            raise RunFolderError(f"Checkpoint {self.checkpoint_path} is damaged ({type(exc).__name__}: {exc}); "
+                                 "delete it to restart the run from scratch") from None
+        if not isinstance(ckpt, dict) or "history" not in ckpt:
+            raise RunFolderError(f"{self.checkpoint_path} is not a checkpoint of this kind of run; "
+                                 "delete it or choose another folder")
+        return ckpt
 
     def start(self, config: dict, history: list[dict]) -> None:
         """Write ``config.json`` and rewrite ``metrics.jsonl`` from ``history`` (empty for a new run)."""
