@@ -30,6 +30,9 @@ def test_cli_nmf_and_online(tmp_path):
 
 
 @pytest.mark.parametrize("extra, msg", [(["--split", "9"], "Invalid split point 9"),
+                                        (["--split", "abc"], "Invalid --split 'abc'"),
+                                        (["--epochs", "0"], "Invalid --epochs 0"),
+                                        (["--act", "softmax"], "Unknown activation 'softmax'"),
                                         (["--nmf-rank", "40"], "Invalid NMF rank 40"),
                                         (["--beta", "nan"], "Invalid beta: nan"),
                                         (["--shift", "2"], "needs --mode online")])
@@ -38,3 +41,25 @@ def test_cli_bad_input(tmp_path, capsys, extra, msg):
     assert main(["admm", "--data", "digits", "--arch", "64-32-10", "--epochs", "1", "--out", str(tmp_path),
                  "--quiet", *extra]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_cli_run_folder_guards(tmp_path, capsys):
+    """admm shares train's run folder: no silent overwrite, --resume of a train folder or of a missing
+    folder is one clear line, and a folder without a checkpoint restarts with a note."""
+    out = tmp_path / "a"
+    base = ["admm", "--data", "digits", "--arch", "64-16-10", "--epochs", "1", "--quiet"]
+    assert main([*base, "--out", str(out)]) == 0
+    assert (out / "curves.png").exists()
+    assert main([*base, "--out", str(out)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main([*base, "--out", str(out), "--overwrite"]) == 0
+    assert main(["train", "--data", "digits", "--arch", "64-16-10", "--epochs", "1", "--out", str(tmp_path / "t"),
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["admm", "--resume", str(tmp_path / "t"), "--quiet"]) == 2
+    assert "not the config of an `inferlearn admm` run" in capsys.readouterr().err
+    assert main(["admm", "--resume", str(tmp_path / "missing"), "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (out / "checkpoint.pt").unlink()
+    assert main(["admm", "--resume", str(out), "--quiet"]) == 0
+    assert "no checkpoint yet" in capsys.readouterr().out

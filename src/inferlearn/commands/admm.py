@@ -13,7 +13,6 @@ penalties, RNG) into ``--out`` like ``inferlearn train``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ import torch
 from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift, train_admm
 from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
+from ..training.run_folder import RunFolder
 from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
@@ -65,6 +65,7 @@ def register(sub) -> None:
     p.add_argument("--chunk-size", type=int, default=4096)
     p.add_argument("--out", default="runs/admm")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
 
@@ -82,7 +83,10 @@ def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
         net = conv_net(chans, n_classes, in_channels=C, image_size=H, act=args.act, seed=args.seed)
     else:
         net = mlp(args.arch, act=args.act, seed=args.seed)
-    points = None if args.split in (None, "") else [int(p) for p in str(args.split).split(",")]
+    try:
+        points = None if args.split in (None, "") else [int(p) for p in str(args.split).split(",")]
+    except ValueError:
+        raise ValueError(f"Invalid --split {args.split!r}: give comma-separated module indices, e.g. --split 2,4") from None
     blocks: list[torch.nn.Module] = list(split_sequential(net, points))
     shapes = check_blocks(blocks, image_shape)
     if shapes[-1] != (n_classes,):
@@ -119,12 +123,25 @@ def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
 def run(args) -> int:
     resume = args.resume is not None
     if resume:
-        saved = json.loads((Path(args.resume) / "config.json").read_text())
+        folder = RunFolder(args.resume) if Path(args.resume).is_dir() else None
+        if folder is None:
+            raise ValueError(f"Run folder {args.resume} does not exist; check the path given to --resume")
+        saved = folder.read_config()
+        if "run" not in saved:
+            raise ValueError(f"{folder.path / 'config.json'} is not the config of an `inferlearn admm` run "
+                             "(a train run folder? resume it with `inferlearn train --resume`)")
         for key in RUN_KEYS:
             setattr(args, key, saved["run"][key])
         args.epochs = args.epochs if args.epochs is not None else saved["epochs"]
         args.out = args.resume
+        if folder.load_checkpoint() is None:
+            print(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
+            resume = False
+    else:
+        RunFolder(args.out).refuse_overwrite(args.overwrite)
     args.epochs = 10 if args.epochs is None else args.epochs
+    if args.epochs < 1:
+        raise ValueError(f"Invalid --epochs {args.epochs}: must be ≥ 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"Device {args.device!r} requested but CUDA is not available; use --device cpu")
     ds = load_dataset(args.data, data_dir=args.data_dir)
