@@ -195,3 +195,50 @@ def test_real_mnist_checksums(mnist_dir):
     d = load_dataset("mnist", data_dir=mnist_dir)
     assert d.train_x.shape == (60000, 784) and d.test_x.shape == (10000, 784)
     assert d.train_y[:5].tolist() == [5, 0, 4, 1, 9]
+
+
+def test_allow_unverified_is_an_explicit_visible_opt_in(tmp_path, monkeypatch):
+    """A copy whose checksums differ from the published ones (like the lossy grayscale CIFAR-10
+    development copy) is refused by default, read with a warning when opted in, and a malicious
+    pickle is refused even then."""
+    from inferlearn.errors import UnverifiedDataWarning
+
+    folder = tmp_path / "cifar10" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    blobs = {name: _cifar_batch(4, i)[0] for i, name in enumerate([f"data_batch_{j}" for j in range(1, 6)] + ["test_batch"])}
+    blobs["batches.meta"] = pickle.dumps({b"label_names": [b"a"] * 10})
+    for name, blob in blobs.items():
+        (folder / name).write_bytes(blob)
+    published = {n: "0" * 32 for n in blobs}   # the published sums do not apply to this copy
+    monkeypatch.setitem(datasets.SPECS, "cifar10-gray", datasets.Spec(folder="cifar10", checksums=published,
+                                                                      archive=("x.tar.gz", "0" * 32), gray=True))
+    datasets._load_cached.cache_clear()
+    with pytest.raises(DataError, match="--allow-unverified"):
+        load_dataset("cifar10-gray", data_dir=tmp_path)
+    with pytest.warns(UnverifiedDataWarning, match="differs from the published"):
+        d = load_dataset("cifar10-gray", data_dir=tmp_path, allow_unverified=True)
+    assert d.train_x.shape == (20, 1024) and len(d.meta["unverified_files"]) == 6
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    (folder / "test_batch").write_bytes(pickle.dumps({b"data": Evil(), b"labels": [0]}))
+    datasets._load_cached.cache_clear()
+    with pytest.raises(DataError, match="refusing to load"):
+        load_dataset("cifar10-gray", data_dir=tmp_path, allow_unverified=True)
+    datasets._load_cached.cache_clear()
+
+
+def test_fetch_and_list_verify_content_not_presence(tmp_path, monkeypatch):
+    """`data fetch` must not report 'verified' for a folder holding a corrupt file, and `data list`
+    says which file is corrupt."""
+    (tmp_path / "cifar10").mkdir()
+    archive = tmp_path / "cifar10" / "cifar-10-python.tar.gz"
+    _, sums, md5 = _make_cifar_archive(archive)
+    monkeypatch.setitem(datasets.SPECS, "cifar10", datasets.Spec(folder="cifar10", checksums=sums, archive=(archive.name, md5)))
+    assert datasets.fetch("cifar10", tmp_path, progress=False) == tmp_path / "cifar10"
+    assert "verified" in datasets.describe("cifar10", tmp_path)
+    archive.write_bytes(archive.read_bytes()[:-10])
+    with pytest.raises(DataError, match="Checksum mismatch"):
+        datasets.fetch("cifar10", tmp_path, progress=False)
+    assert datasets.describe("cifar10", tmp_path).startswith("CORRUPT")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from .errors import InferlearnError
 
@@ -25,7 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"inferlearn: warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _one_line_warning   # a user sees one line per warning, not our source lines
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

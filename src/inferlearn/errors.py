@@ -31,3 +31,8 @@ class InferlearnWarning(UserWarning):
 
 class ConvergenceWarning(InferlearnWarning):
     """An iterative solver stopped at its iteration limit before reaching its tolerance."""
+
+
+class UnverifiedDataWarning(InferlearnWarning):
+    """A data file whose checksum does not match the published one was read, by explicit opt-in
+    (``allow_unverified=True``, ``--allow-unverified``)."""

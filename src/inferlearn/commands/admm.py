@@ -26,7 +26,7 @@ from ..admm.nmf import NMF
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
             "z_steps", "primal_steps", "primal_growth", "adaptive", "eta0", "eta_decay", "penalty_growth",
             "loss", "seed", "device", "data_dir", "limit_train", "memmap", "shift", "nmf_rank", "nmf_after",
-            "chunk_size")
+            "chunk_size", "allow_unverified")
 
 
 def register(sub) -> None:
@@ -57,6 +57,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="read data files whose checksums differ from the published ones (with a warning)")
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
     p.add_argument("--memmap", action="store_true", help="keep Z and U in memory-mapped files in OUT/state")
     p.add_argument("--shift", type=int, default=0, help="online mode: random shifts of up to this many pixels")
@@ -131,7 +133,7 @@ def run(args) -> int:
             raise ValueError(f"{folder.path / 'config.json'} is not the config of an `inferlearn admm` run "
                              "(a train run folder? resume it with `inferlearn train --resume`)")
         for key in RUN_KEYS:
-            setattr(args, key, saved["run"][key])
+            setattr(args, key, saved["run"].get(key, getattr(args, key, None)))
         args.epochs = args.epochs if args.epochs is not None else saved["epochs"]
         args.out = args.resume
         if folder.load_checkpoint() is None:
@@ -144,7 +146,7 @@ def run(args) -> int:
         raise ValueError(f"Invalid --epochs {args.epochs}: must be ≥ 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"Device {args.device!r} requested but CUDA is not available; use --device cpu")
-    ds = load_dataset(args.data, data_dir=args.data_dir)
+    ds = load_dataset(args.data, data_dir=args.data_dir, allow_unverified=args.allow_unverified)
     shape = tuple(ds.image_shape)
     tx, ty = ds.train_x, ds.train_y
     if args.limit_train is not None:

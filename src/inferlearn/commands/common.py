@@ -29,6 +29,8 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in)")
     p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
     p.add_argument("--data-dir", default=None, help="folder searched first for dataset files")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="read data files whose checksums differ from the published ones (with a warning)")
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
     p.add_argument("--out", default=defaults.out, help="output folder (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -68,4 +70,4 @@ def config_from_args(args, **overrides) -> TrainConfig:
     return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
                        optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
-                       limit_train=args.limit_train, **overrides)
+                       limit_train=args.limit_train, allow_unverified=args.allow_unverified, **overrides)

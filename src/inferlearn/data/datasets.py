@@ -18,13 +18,14 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..errors import DataError
+from ..errors import DataError, UnverifiedDataWarning
 from . import cifar
 from .download import download
 from .idx import md5, parse_idx, read_bytes
@@ -165,18 +166,33 @@ def locate(name: str, data_dir=None) -> tuple[dict | None, list[str]]:
     return None, looked
 
 
-def _verified(path: Path, expected: str | None) -> bytes:
+def _verified(path: Path, expected: str | None, allow_unverified: bool = False,
+              unverified: list | None = None) -> bytes:
+    """The file's uncompressed content, checked against the published MD5.
+
+    With ``allow_unverified`` a mismatch warns (:class:`UnverifiedDataWarning`) and is appended to
+    ``unverified`` instead of raising: the explicit opt-in for a copy known to differ (e.g. the lossy
+    grayscale CIFAR-10 development copy). A file that cannot be parsed is refused either way.
+    """
     data = read_bytes(path)
     if expected is not None and md5(data) != expected:
+        if allow_unverified:
+            warnings.warn(f"Reading {path} although its MD5 {md5(data)} differs from the published {expected} "
+                          "(--allow-unverified): results on it are not results on the published data set",
+                          UnverifiedDataWarning, stacklevel=3)
+            if unverified is not None:
+                unverified.append(str(path))
+            return data
         raise DataError(f"Checksum mismatch for {path}: MD5 of the uncompressed content is {md5(data)}, the published "
-                        f"value is {expected}. The file is corrupt or truncated; delete it and fetch it again.")
+                        f"value is {expected}. The file is corrupt or truncated; delete it and fetch it again "
+                        "(or, for a copy you know differs, opt in with --allow-unverified).")
     return data
 
 
-def _extract_archive(spec: Spec, archive: Path) -> dict:
+def _extract_archive(spec: Spec, archive: Path, allow_unverified: bool = False) -> dict:
     """Verify and extract a CIFAR archive next to itself (or into the user cache if read-only)."""
     digest = md5(archive.read_bytes())
-    if digest != spec.archive[1]:
+    if digest != spec.archive[1] and not allow_unverified:
         raise DataError(f"Checksum mismatch for {archive}: MD5 {digest}, published {spec.archive[1]}. "
                         "The archive is corrupt or truncated; delete it and fetch it again.")
     target = archive.parent if os.access(archive.parent, os.W_OK) else cache_dir() / spec.folder
@@ -189,8 +205,8 @@ def _extract_archive(spec: Spec, archive: Path) -> dict:
     return {n: final / n for n in spec.checksums}
 
 
-def _load_idx(name: str, spec: Spec, files: dict) -> tuple:
-    arrays = {n: parse_idx(_verified(p, spec.checksums[n]), str(p)) for n, p in files.items()}
+def _load_idx(name: str, spec: Spec, files: dict, allow_unverified: bool = False, unverified: list | None = None) -> tuple:
+    arrays = {n: parse_idx(_verified(p, spec.checksums[n], allow_unverified, unverified), str(p)) for n, p in files.items()}
     tr_x, tr_y = arrays["train-images-idx3-ubyte"], arrays["train-labels-idx1-ubyte"]
     te_x, te_y = arrays["t10k-images-idx3-ubyte"], arrays["t10k-labels-idx1-ubyte"]
     for x, y, split in ((tr_x, tr_y, "train"), (te_x, te_y, "test")):
@@ -200,11 +216,12 @@ def _load_idx(name: str, spec: Spec, files: dict) -> tuple:
     return tr_x.reshape(len(tr_x), -1), tr_y, te_x.reshape(len(te_x), -1), te_y, 10, shape
 
 
-def _load_cifar(spec: Spec, files: dict) -> tuple:
+def _load_cifar(spec: Spec, files: dict, allow_unverified: bool = False, unverified: list | None = None) -> tuple:
     if "archive" in files:
-        files = _extract_archive(spec, files["archive"])
+        files = _extract_archive(spec, files["archive"], allow_unverified)
+
     def batch(n):
-        return cifar.parse_batch(_verified(files[n], spec.checksums[n]), str(files[n]))
+        return cifar.parse_batch(_verified(files[n], spec.checksums[n], allow_unverified, unverified), str(files[n]))
 
     parts = [batch(n) for n in cifar.TRAIN_BATCHES]
     tr_x = np.concatenate([p[0] for p in parts])
@@ -238,6 +255,7 @@ def fetch(name: str, data_dir=None, progress: bool = True, mirrors: tuple | None
     spec = SPECS[key]
     files, _ = locate(key, data_dir)
     if files:
+        verify(key, files)   # present is not enough: the content must match the published checksums
         return next(iter(files.values())).parent
     root = Path(data_dir) if data_dir else Path(os.environ["INFERLEARN_DATA"]) if os.environ.get("INFERLEARN_DATA") else cache_dir()
     folder = root / spec.folder
@@ -261,8 +279,21 @@ def fetch(name: str, data_dir=None, progress: bool = True, mirrors: tuple | None
     return folder
 
 
+def verify(name: str, files: dict) -> None:
+    """Check located files against the published checksums (:class:`DataError` naming a bad file)."""
+    spec = SPECS[check_name(name)]
+    if "archive" in files:
+        digest = md5(files["archive"].read_bytes())
+        if digest != spec.archive[1]:
+            raise DataError(f"Checksum mismatch for {files['archive']}: MD5 {digest}, published {spec.archive[1]}; "
+                            "delete it and fetch it again")
+        return
+    for n, p in files.items():
+        _verified(p, spec.checksums[n])
+
+
 @functools.lru_cache(maxsize=4)
-def _load_cached(key: str, data_dir: str | None, download_missing: bool) -> Dataset:
+def _load_cached(key: str, data_dir: str | None, download_missing: bool, allow_unverified: bool = False) -> Dataset:
     if key == "digits":
         arrays, source = _load_digits(), "scikit-learn (sklearn.datasets.load_digits)"
     else:
@@ -274,25 +305,42 @@ def _load_cached(key: str, data_dir: str | None, download_missing: bool) -> Data
         if files is None:
             raise DataError(f"Dataset {key!r} not found. Looked in:\n  " + "\n  ".join(looked) + f"\nTo get it: {spec.how_to_get}.")
         source = str(next(iter(files.values())).parent)
-        arrays = _load_cifar(spec, files) if spec.archive else _load_idx(key, spec, files)
+        unverified: list[str] = []
+        load = _load_cifar if spec.archive else functools.partial(_load_idx, key)
+        arrays = load(spec, files, allow_unverified, unverified)
     tr_x, tr_y, te_x, te_y, n_classes, shape = arrays
     to_x = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32) / 255.0)  # noqa: E731
     to_y = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64))  # noqa: E731
-    return Dataset(key, to_x(tr_x), to_y(tr_y), to_x(te_x), to_y(te_y), n_classes, tuple(int(s) for s in shape), source)
+    meta = {"unverified_files": unverified} if key != "digits" and unverified else {}
+    return Dataset(key, to_x(tr_x), to_y(tr_y), to_x(te_x), to_y(te_y), n_classes, tuple(int(s) for s in shape), source,
+                   meta)
 
 
-def load_dataset(name: str, data_dir=None, download: bool = False) -> Dataset:
+def load_dataset(name: str, data_dir=None, download: bool = False, allow_unverified: bool = False) -> Dataset:
     """Load a data set by name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``).
 
     Args:
         data_dir: a folder searched first (see the module docstring for the order).
         download: fetch missing files from the public mirrors.
+        allow_unverified: read files whose checksums differ from the published ones, with an
+            :class:`~inferlearn.errors.UnverifiedDataWarning` (once per file) and their paths in
+            ``Dataset.meta["unverified_files"]``; a file that cannot be parsed is still refused.
 
     Raises:
         DataError: unknown name; files missing (the message lists where it looked and how to get them);
             corrupt or truncated files.
     """
-    return _load_cached(check_name(name), str(data_dir) if data_dir else None, bool(download))
+    key, folder = check_name(name), str(data_dir) if data_dir else None
+    if allow_unverified:
+        with warnings.catch_warnings(record=True) as caught:   # re-warn on every call, also when cached
+            warnings.simplefilter("always", UnverifiedDataWarning)
+            data = _load_cached(key, folder, bool(download), True)
+        for path in data.meta.get("unverified_files", []):
+            warnings.warn(f"Reading {path}: its checksum differs from the published one (--allow-unverified); "
+                          "results on it are not results on the published data set", UnverifiedDataWarning, stacklevel=2)
+        del caught
+        return data
+    return _load_cached(key, folder, bool(download))
 
 
 def describe(name: str, data_dir=None) -> str:
@@ -302,5 +350,9 @@ def describe(name: str, data_dir=None) -> str:
         return "bundled with scikit-learn"
     files, looked = locate(key, data_dir)
     if files:
-        return f"found in {next(iter(files.values())).parent}"
+        try:
+            verify(key, files)
+        except DataError as exc:
+            return f"CORRUPT: {exc}"
+        return f"found and verified in {next(iter(files.values())).parent}"
     return "not found (looked in " + ", ".join(looked) + ")"

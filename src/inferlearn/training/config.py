@@ -34,6 +34,8 @@ class TrainConfig:
         device: ``cpu`` or ``cuda``.
         out: output folder.
         data_dir: a folder searched first for data files.
+        allow_unverified: read data files whose checksums differ from the published ones (a warning,
+            and ``data_verified: false`` in every metrics line), e.g. the grayscale CIFAR-10 copy.
         limit_train: use only the first N training samples (quick runs); ``None`` for all.
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
         divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first
@@ -57,6 +59,7 @@ class TrainConfig:
     device: str = "cpu"
     out: str = "runs/train"
     data_dir: str | None = None
+    allow_unverified: bool = False
     limit_train: int | None = None
     checkpoint_every: int = 1
     divergence_factor: float = 1e6

@@ -50,7 +50,7 @@ class Setup:
 
 def build(config: TrainConfig) -> Setup:
     """Load data and build model, rule and optimiser; checks that the architecture fits the data."""
-    data = load_dataset(config.data, config.data_dir)
+    data = load_dataset(config.data, config.data_dir, allow_unverified=config.allow_unverified)
     rule = make_rule(config.rule, config.rule_options)
     device = torch.device(config.device)
     model = build_model(config.arch, config.act, data.n_features, data.n_classes, data.image_shape,
@@ -120,7 +120,7 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
             "train_acc": float((out.argmax(1) == s.train_y).float().mean()),
             "test_acc": evaluate(s.model, s.test_x, s.test_y),
             "active_fraction": active_fraction(s.model, s.test_x),
-            "epoch_seconds": seconds}
+            "epoch_seconds": seconds, "data_verified": not s.data.meta.get("unverified_files")}
 
 
 def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
