@@ -23,7 +23,7 @@ rebuilds them).
 
 Usage::
 
-    OMP_NUM_THREADS=1 INFERLEARN_DATA=/work/shared/data python benchmarks/bench_conv.py \\
+    OMP_NUM_THREADS=1 python benchmarks/bench_conv.py \\
         --datasets fashion-mnist,cifar10-gray --epochs 10 --limit-train 4000
 
 The grayscale CIFAR-10 is read from an ``.npz`` (keys ``x_train``, ``y_train``, ``x_test``,
@@ -311,7 +311,7 @@ def write_report(out: Path, args, rules: list[str]) -> None:
 # ----------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    data_root = os.environ.get("INFERLEARN_DATA", "/work/shared/data")
+    data_root = os.environ.get("INFERLEARN_DATA", "data")
     p.add_argument("--datasets", default="fashion-mnist,cifar10-gray")
     p.add_argument("--rules", default=DEFAULT_RULES, help="comma-separated NAME or NAME@LR (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=10)
