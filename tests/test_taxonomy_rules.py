@@ -218,3 +218,17 @@ def test_contract_fills_accumulates_and_leaves_parameters(name):
 def test_bad_options(name, opts, msg):
     with pytest.raises(ValueError, match=msg):
         make_rule(name, opts)
+
+
+@pytest.mark.parametrize("engine", ["fused", "generic"])
+def test_pc_warns_when_it_stops_before_its_tolerance(engine):
+    """Every iterative rule that stops before convergence warns the same way (ConvergenceWarning naming
+    what was reached), on both engines; without tol it runs exactly T steps silently."""
+    from inferlearn.errors import ConvergenceWarning
+
+    model = MLP("6-7-5-3", units="relu", seed=1)
+    x, labels = torch.rand(8, 6), torch.randint(0, 3, (8,))
+    with pytest.warns(ConvergenceWarning, match=r"stopped after 3 iterations .* > tol 1e-12"):
+        make_rule("pc", {"steps": 3, "tol": 1e-12, "engine": engine}).backward(model, x, labels)
+    make_rule("pc", {"steps": 3, "engine": engine}).backward(model, x, labels)
+    make_rule("pc", {"steps": 0, "tol": 1e-3, "engine": engine}).backward(model, x, labels)

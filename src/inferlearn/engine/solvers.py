@@ -69,8 +69,13 @@ def _check_options(max_iter: int, tol: float | None, on_fail: str) -> None:
         raise ValueError(f"Invalid on_fail: {on_fail!r}; choose one of {list(ON_FAIL)}")
 
 
-def _finish(name: str, problem: LiftedProblem, hidden: list[torch.Tensor], iterations: int, tol: float | None,
-            on_fail: str, residual: float | None = None) -> SolveInfo:
+def finish(name: str, problem, hidden: list[torch.Tensor], iterations: int, tol: float | None,
+           on_fail: str, residual: float | None = None) -> SolveInfo:
+    """The :class:`SolveInfo` of a finished solve; warns or raises (``on_fail``) when ``tol`` was missed.
+
+    ``residual`` is the solver's own measure; ``None`` evaluates ``problem.residuals(hidden)``. A
+    non-finite residual always raises :class:`ConvergenceError`.
+    """
     if residual is None:
         residual = float(problem.residuals(hidden).max()) if hidden else 0.0
     if not math.isfinite(residual):   # NaN/inf anywhere in the iterate propagates into the residual
@@ -193,7 +198,7 @@ class CoordinateDescent(Solver):
                         a_top.addr_(d, w)
             if self.tol is not None and max_move <= self.tol:
                 break
-        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail)
+        return hidden, finish(self.name, problem, hidden, it, self.tol, self.on_fail)
 
 
 def gram_lambda_max(W: torch.Tensor) -> float:
@@ -328,7 +333,7 @@ class BlockProjectedGradient(Solver):
 
         it, move = self._sweeps(sweep)
         res = move if (self.residual == "step" and self.tol is not None) else None
-        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
+        return hidden, finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
 
     def _solve(self, problem, hidden, pre):
         if isinstance(problem, LayeredProblem):
@@ -359,7 +364,7 @@ class BlockProjectedGradient(Solver):
         it, move = self._sweeps(sweep)
         problem.remember_pre(hidden, a)
         res = move if (self.residual == "step" and self.tol is not None) else None
-        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
+        return hidden, finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
 
 
 class ReferenceSolver(Solver):
@@ -399,7 +404,7 @@ class ReferenceSolver(Solver):
         h64, info = bpg._solve(p64, h64, pre64)
         h64, n_newton = self._polish(p64, h64)
         res = float(p64.residuals(h64).max())
-        info = _finish(self.name, p64, h64, info.iterations + n_newton, self.tol, self.on_fail, residual=res)
+        info = finish(self.name, p64, h64, info.iterations + n_newton, self.tol, self.on_fail, residual=res)
         return [z.to(dtype) for z in h64], info
 
     def _solve_layered(self, problem: LayeredProblem, hidden, pre):
@@ -410,7 +415,7 @@ class ReferenceSolver(Solver):
         bpg = BlockProjectedGradient(max_iter=self.sweeps, tol=1e-11, check_every=10, on_fail="ignore", residual="exact")
         hidden, info = bpg._solve_layered(problem, hidden, pre)
         res = float(problem.residuals(hidden).max())
-        return hidden, _finish(self.name, problem, hidden, info.iterations, self.tol, self.on_fail, residual=res)
+        return hidden, finish(self.name, problem, hidden, info.iterations, self.tol, self.on_fail, residual=res)
 
     def _polish(self, p: LiftedProblem, hidden: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
         e = p.energy
@@ -487,6 +492,8 @@ class GradientSteps(Solver):
         if not isinstance(problem, LayeredProblem):
             raise TypeError("GradientSteps solves LayeredProblem instances")
         e, eta = problem.energy, self.step_size
+        if self.steps == 0:
+            return hidden, SolveInfo(self.name, 0, 0.0, True, self.tol)
         it, move = 0, math.inf
         for it in range(1, self.steps + 1):
             grads = problem.gradients(hidden)
@@ -498,7 +505,7 @@ class GradientSteps(Solver):
                 break
         if self.tol is None:
             return hidden, SolveInfo(self.name, it, move if math.isfinite(move) else 0.0, True, None)
-        return hidden, _finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=move)
+        return hidden, finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=move)
 
 
 SOLVERS = {"cd": CoordinateDescent, "block-pg": BlockProjectedGradient, "reference": ReferenceSolver}

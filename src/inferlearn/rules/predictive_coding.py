@@ -31,7 +31,7 @@ from torch import nn
 from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
 from ..engine.layered import LayeredEnergy, LayeredProblem
-from ..engine.solvers import GradientSteps
+from ..engine.solvers import GradientSteps, finish
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
@@ -87,8 +87,10 @@ class PredictiveCoding(Rule):
         if self.engine == "fused" and not fused:
             raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")
         if fused:
-            grads, output, hidden, it, _ = dense_predictive_coding(chain, x.reshape(B, -1), target, self.steps,
-                                                                   self.step_size, pi, self.tol)
+            grads, output, hidden, it, move = dense_predictive_coding(chain, x.reshape(B, -1), target, self.steps,
+                                                                      self.step_size, pi, self.tol)
+            if self.tol is not None and it > 0:   # the same warning as every iterative solver when the tolerance is missed
+                finish(self._solver.name, None, hidden, it, self.tol, "warn", residual=move)
             accumulate_dense_grads(chain, grads)
         else:
             free = LayeredProblem(self.energy(chain), x)
