@@ -31,7 +31,7 @@ train, test = perm[:1400], perm[1400:]
 def make_model(init: str, backward: str) -> nn.Module:
     gen = torch.Generator().manual_seed(1)
     D = torch.zeros(64, 24, dtype=DT) if init == "zero" else 0.3 * torch.rand(64, 24, generator=gen, dtype=DT)
-    layer = ArgminLayer(LeastSquaresEnergy(D, ridge=0.1), Box.nonnegative(), beta=1.0, nudging="positive",
+    layer = ArgminLayer(LeastSquaresEnergy(D, ridge=0.1), Box.nonnegative(), beta=1.0 / 64, nudging="positive",
                         backward=backward, solver=AcceleratedProjectedGradient(max_iter=3000, tol=1e-7))
     torch.manual_seed(2)
     return nn.Sequential(layer, nn.Linear(24, 10, dtype=DT))

@@ -37,6 +37,7 @@ References:
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -308,6 +309,7 @@ class AcceleratedProjectedGradient:
         z = box.project(z0.detach())
         y, t = z, 1.0
         e0 = abs(float(f(z))) + 1.0
+        tol = max(self.tol, precision_floor(z))   # float32 cannot resolve residuals below its rounding
         g_next = None
         for it in range(1, self.max_iter + 1):
             gy = energy.grad_z(y, *inputs) if g_next is None else g_next
@@ -327,7 +329,7 @@ class AcceleratedProjectedGradient:
             else:
                 self._fail(f"{method}: backtracking found no step (L > {L:.3g}) at iteration {it}; "
                            "is the energy smooth in z?")
-                return z, SolveInfo(method, it, float("inf"), False, self.tol)
+                return z, SolveInfo(method, it, float("inf"), False, tol)
             if self.momentum:
                 # gradient-based restart (O'Donoghue & Candès): drop momentum that points uphill
                 if float(((y - z_new) * (z_new - z)).sum()) > 0:
@@ -346,18 +348,18 @@ class AcceleratedProjectedGradient:
                 if not (torch.isfinite(z).all() and torch.isfinite(fz)) or float(fz) < -1e12 * e0:
                     self._fail(f"{method}: iterates diverged at iteration {it} (energy {float(fz):.3g}); "
                                "the energy is not convex or not bounded below on the constraint set")
-                    return z, SolveInfo(method, it, float("inf"), False, self.tol)
+                    return z, SolveInfo(method, it, float("inf"), False, tol)
                 res = float(box.normal_cone_violation(z, energy.grad_z(z, *inputs)).abs().max()) if z.numel() else 0.0
-                if res <= self.tol:
-                    return z, SolveInfo(method, it, res, True, self.tol)
+                if res <= tol:
+                    return z, SolveInfo(method, it, res, True, tol)
             if backtrack:
                 L *= 0.9        # let the step grow again
         res = float(box.normal_cone_violation(z, energy.grad_z(z, *inputs)).abs().max()) if z.numel() else 0.0
-        if res <= self.tol:
-            return z, SolveInfo(method, self.max_iter, res, True, self.tol)
-        self._fail(f"{method}: no convergence in {self.max_iter} iterations (residual {res:.3g} > tol {self.tol:.3g}); "
+        if res <= tol:
+            return z, SolveInfo(method, self.max_iter, res, True, tol)
+        self._fail(f"{method}: no convergence in {self.max_iter} iterations (residual {res:.3g} > tol {tol:.3g}); "
                    "raise max_iter, or check that the energy is convex in z")
-        return z, SolveInfo(method, self.max_iter, res, False, self.tol)
+        return z, SolveInfo(method, self.max_iter, res, False, tol)
 
 
 def _as_box(box) -> Box:
@@ -370,6 +372,12 @@ def _as_box(box) -> Box:
         raise TypeError(f"box must be an inferlearn.units.Box (inferlearn.bilevel.Box) or a unit-set name, "
                         f"got {type(box).__name__}")
     return box
+
+
+def precision_floor(z: torch.Tensor) -> float:
+    """The smallest optimality residual ``z``'s dtype can resolve: ``20 ε (1 + max|z|)``
+    (≈ 2.4e-6 for float32 values of order 1, ≈ 4e-15 for float64)."""
+    return 20.0 * torch.finfo(z.dtype).eps * (1.0 + float(z.detach().abs().max()) if z.numel() else 1.0)
 
 
 def ProjectedGradient(max_iter: int = 5000, tol: float = 1e-6, on_fail: str = "raise") -> AcceleratedProjectedGradient:
@@ -461,7 +469,8 @@ class ArgminLayer(nn.Module):
             ``Box(0, 1)``, per-coordinate tensor bounds, or any unit set such as ``HARD_SIGMOID``) or
             a unit-set name (``"relu"``).
         beta: nudging strength ``β > 0`` of the contrastive backward
-            (:func:`~inferlearn.engine.phases.check_beta`).
+            (:func:`~inferlearn.engine.phases.check_beta`), measured against the per-sample loss
+            gradient: a batch of ``B`` rows is nudged by ``β B g`` (so β does not depend on the batch size).
         nudging: one of :data:`~inferlearn.engine.phases.NUDGINGS`: ``"positive"`` (``E + βgᵀz``,
             lower bound), ``"negative"`` (``E − βgᵀz``, upper bound) or ``"symmetric"`` (both;
             gradient error O(β²)); the phases are :func:`~inferlearn.engine.phases.nudged_phases`.
@@ -513,11 +522,17 @@ class ArgminLayer(nn.Module):
         return _ArgminFunction.apply(self, len(inputs), init, *inputs, *params)
 
     # -- backward ----------------------------------------------------------------------------------
+    def _beta_rows(self, z: torch.Tensor) -> float:
+        """``β' = β · B``: β is measured against the per-sample loss gradient (``B`` rows of ``z``), so a
+        batch-mean loss, whose gradient ``g`` is ``∝ 1/B``, nudges each sample by the same amount at
+        any batch size (as Fenchel back-propagation does)."""
+        return self.beta * (z.shape[0] if z.dim() > 1 else 1)
+
     def _phase_grads(self, zs, phases, inputs, params, needs):
         """Gradients of ``Σ_phase weight · Σ_batch E(ẑ_phase; ·) / β`` w.r.t. inputs and parameters (Danskin)."""
         with torch.enable_grad():
             xs = [x.detach().requires_grad_(need and x.is_floating_point()) for x, need in zip(inputs, needs)]
-            diff = sum(p.weight * self.energy.value(zp, *xs) for zp, p in zip(zs, phases)).sum() * (1.0 / self.beta)
+            diff = sum(p.weight * self.energy.value(zp, *xs) for zp, p in zip(zs, phases)).sum() * (1.0 / self._beta_rows(zs[0]))
             targets = [x for x in xs if x.requires_grad] + [p for p, need in zip(params, needs[len(inputs):]) if need]
             grads = torch.autograd.grad(diff, targets, allow_unused=True) if targets else []
         it = iter(grads)
@@ -527,8 +542,23 @@ class ArgminLayer(nn.Module):
                 for o, t, need in zip(out, list(inputs) + list(params), needs)]
 
     def _nudged(self, z, g, sign, inputs, info):
-        """``ẑ = argmin_{z ∈ box} E(z) + sign · β gᵀz`` from ``z*``, with the energy-gap check of convexity."""
-        ẑ, s = solve(self.energy, inputs, self.box, self.solver, init=z, shift=sign * self.beta * g)
+        """``ẑ = argmin_{z ∈ box} E(z) + sign · β gᵀz`` from ``z*``, with the energy-gap check of convexity.
+
+        The nudge moves ``z`` by about ``β B ‖g‖``, so the solve must be accurate to a fraction of that:
+        the solver's tolerance is tightened to ``10⁻² β B max|g|``. Where the nudge is within 10× of what
+        the dtype resolves, the layer warns (:class:`ConvergenceWarning`).
+        """
+        solver = self.solver
+        beta = self._beta_rows(z)
+        nudge = beta * float(g.abs().max()) if g.numel() else 0.0
+        floor = precision_floor(z)
+        if 0 < nudge < 10 * floor:
+            warnings.warn(f"ArgminLayer: the nudge β·B·max|g| = {nudge:.2g} is within 10× the precision of {z.dtype} "
+                          f"(residual floor {floor:.2g}); the contrastive gradient is inaccurate: increase beta "
+                          "or use float64", ConvergenceWarning, stacklevel=4)
+        if isinstance(solver, AcceleratedProjectedGradient) and 0 < 1e-2 * nudge < solver.tol:
+            solver = dataclasses.replace(solver, tol=max(1e-2 * nudge, floor))
+        ẑ, s = solve(self.energy, inputs, self.box, solver, init=z, shift=sign * beta * g)
         info.solves.append(s)
         with torch.no_grad():
             gap = float((self.energy.value(ẑ, *inputs) - self.energy.value(z, *inputs)).sum())

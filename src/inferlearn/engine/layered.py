@@ -312,6 +312,18 @@ class LayeredProblem(BatchProblem):
             total = self.value(hs, fresh_a1=False).sum()
             return list(torch.autograd.grad(total, hs))
 
+    def gradient_step(self, hidden: Sequence[torch.Tensor], eta: float) -> list[torch.Tensor]:
+        """Simultaneous projected steps ``z_k ← Π_k(z_k − η ∂E/∂z_k)`` for every hidden layer (new tensors).
+
+        In closed form ``z_k − η w_k ε_k + η w_{k+1} A_{k+1}ᵀ r_{k+1}`` (one ``addmm`` for ``Linear``), else
+        through :meth:`gradients`.
+        """
+        e = self.energy
+        if not self._closed_form():
+            return [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, self.gradients(hidden)), start=1)]
+        return [e.project(k, adj.add_to(z - (eta * e.term_weights[k]) * own, down, eta * e.term_weights[k + 1]))
+                for k, z, own, down, adj in self._closed_form_parts(hidden)]
+
     def _closed_form(self) -> bool:
         if getattr(self, "_affine", None) is None:
             from .chain import _is_affine
@@ -320,18 +332,21 @@ class LayeredProblem(BatchProblem):
                 l.units is not None for l in chain.links[:-1]) and chain.linear_output
         return self._affine
 
-    def _closed_form_gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def _closed_form_parts(self, hidden: Sequence[torch.Tensor]):
+        """``(k, z_k, own_k, r_{k+1}, A_{k+1}ᵀ)`` per hidden layer: ``∂E/∂z_k = w_k own_k − w_{k+1} A_{k+1}ᵀ r_{k+1}``."""
         e, L = self.energy, self.depth
         if getattr(self, "_adj", None) is None:
             self._adj = self.adjoints(hidden)
         pre = self.pre_of(hidden)
         zs = [self.x, *hidden, self.output(pre[L])]
-        grads = []
         for k in range(1, L):
             own = zs[k] - (e.link(k).units.project(pre[k]) if e.kind == "penalty" else pre[k])
-            down = e.error(k + 1, zs[k + 1], pre[k + 1])
-            grads.append(e.term_weights[k] * own - e.term_weights[k + 1] * self._adj[k + 1](down))
-        return grads
+            yield k, zs[k], own, e.error(k + 1, zs[k + 1], pre[k + 1]), self._adj[k + 1]
+
+    def _closed_form_gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        e = self.energy
+        return [e.term_weights[k] * own - e.term_weights[k + 1] * adj(down)
+                for k, _, own, down, adj in self._closed_form_parts(hidden)]
 
     def residuals(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per-row optimality residual ``max_k ‖z_k − Π_k(z_k − ∂E/∂z_k / w_k)‖_∞`` (0 at the minimiser)."""

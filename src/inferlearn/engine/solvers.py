@@ -491,13 +491,12 @@ class GradientSteps(Solver):
     def _solve(self, problem, hidden, pre):
         if not isinstance(problem, LayeredProblem):
             raise TypeError("GradientSteps solves LayeredProblem instances")
-        e, eta = problem.energy, self.step_size
+        eta = self.step_size
         if self.steps == 0:
             return hidden, SolveInfo(self.name, 0, 0.0, True, self.tol)
         it, move = 0, math.inf
         for it in range(1, self.steps + 1):
-            grads = problem.gradients(hidden)
-            new = [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, grads), start=1)]
+            new = problem.gradient_step(hidden, eta)
             if self.tol is not None and (it % 5 == 0 or it == self.steps):
                 move = max(float((n - z).abs().max()) for n, z in zip(new, hidden))
             hidden = new
