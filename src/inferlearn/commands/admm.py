@@ -21,6 +21,7 @@ from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift,
 from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
 from ..training.run_folder import RunFolder
+from .common import check_data_dir, check_device
 from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
@@ -72,8 +73,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _floats(text: str) -> float | list[float]:
-    vals = [float(v) for v in str(text).split(",")]
+def _floats(text: str, option: str = "value") -> float | list[float]:
+    try:
+        vals = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"Invalid --{option} {text!r}: expected a number or comma-separated numbers, e.g. 1 or 1,2") from None
     return vals[0] if len(vals) == 1 else vals
 
 
@@ -144,8 +148,8 @@ def run(args) -> int:
     args.epochs = 10 if args.epochs is None else args.epochs
     if args.epochs < 1:
         raise ValueError(f"Invalid --epochs {args.epochs}: must be ≥ 1")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"Device {args.device!r} requested but CUDA is not available; use --device cpu")
+    check_device(args.device)
+    check_data_dir(args.data_dir)
     ds = load_dataset(args.data, data_dir=args.data_dir, allow_unverified=args.allow_unverified)
     shape = tuple(ds.image_shape)
     tx, ty = ds.train_x, ds.train_y
@@ -157,7 +161,7 @@ def run(args) -> int:
         raise ValueError("--shift (augmentation) needs --mode online: batch mode keeps Z for fixed samples")
     blocks = [b.to(args.device) for b in build_blocks(args, shape, ds.n_classes)]
     cfg = ADMMConfig(mode=args.mode, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
-                     momentum=args.momentum, beta=_floats(args.beta), zeta=_floats(args.zeta), z_steps=args.z_steps,
+                     momentum=args.momentum, beta=_floats(args.beta, "beta"), zeta=_floats(args.zeta, "zeta"), z_steps=args.z_steps,
                      primal_steps=args.primal_steps, primal_growth=args.primal_growth, adaptive=args.adaptive,
                      eta0=args.eta0, eta_decay=args.eta_decay, penalty_growth=args.penalty_growth, loss=args.loss,
                      seed=args.seed, chunk_size=args.chunk_size)

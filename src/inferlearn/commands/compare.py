@@ -19,12 +19,19 @@ def register(sub) -> None:
 
 def run(args) -> int:
     rules = sorted(RULES) if args.rules == "all" else [r.strip() for r in args.rules.split(",") if r.strip()]
+    if not rules:
+        raise ValueError(f"--rules {args.rules!r} names no rule; give e.g. --rules backprop,contrastive or all")
     lrs = {}
     for item in args.rule_lr:
         rule, _, lr = item.partition("=")
         if rule not in RULES:
-            raise ValueError(f"Unknown rule {rule!r} in --rule-lr; choose one of {sorted(RULES)}")
-        lrs[rule] = float(lr)
+            raise ValueError(f"Unknown rule {rule!r} in --rule-lr {item!r}; choose one of {sorted(RULES)}")
+        try:
+            lrs[rule] = float(lr)
+        except ValueError:
+            raise ValueError(f"Invalid --rule-lr {item!r}: expected RULE=LR, e.g. contrastive=0.05") from None
+        if not (lrs[rule] > 0 and lrs[rule] < float("inf")):
+            raise ValueError(f"Invalid learning rate: {lrs[rule]} in --rule-lr {item!r}")
     base = config_from_args(args)
     compare_rules(base, rules, parse_rule_options(args.rule_opt), lrs, progress=not args.quiet,
                   log=None if args.quiet else print)

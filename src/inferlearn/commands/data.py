@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..data import DATASETS, describe, fetch, search_roots
+from .common import check_data_dir
 
 
 def register(sub) -> None:
@@ -18,6 +19,7 @@ def register(sub) -> None:
 
 
 def run_list(args) -> int:
+    check_data_dir(args.data_dir)
     print("search order: " + " → ".join(f"{label} {root}" for label, root in search_roots(args.data_dir)))
     for name in DATASETS:
         print(f"{name:14s} {describe(name, args.data_dir)}")

@@ -41,6 +41,10 @@ def run(args) -> int:
         resume = True
     else:
         args.epochs = TrainConfig().epochs if args.epochs is None else args.epochs
+        for item in args.rule_opt:
+            key, sep, _ = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"Invalid --rule-opt {item!r}: expected KEY=VALUE, e.g. --rule-opt gamma=1/8")
         options = parse_rule_options([f"{args.rule}.{o}" for o in args.rule_opt]).get(args.rule, {})
         config = config_from_args(args, rule=args.rule, rule_options=options)
         resume = False

@@ -84,6 +84,8 @@ class TrainConfig:
                 raise ValueError(f"Invalid {name}: {getattr(self, name)} (must be ≥ 1)")
         if not (self.divergence_factor > 1):
             raise ValueError(f"Invalid divergence_factor: {self.divergence_factor} (must be > 1)")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"Invalid seed: {self.seed} (must be an integer ≥ 0)")
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
         if not self.device.startswith(("cpu", "cuda", "mps")):
