@@ -321,7 +321,7 @@ class LayeredProblem(BatchProblem):
         e = self.energy
         if not self._closed_form():
             return [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, self.gradients(hidden)), start=1)]
-        return [e.project(k, adj.add_to(z - (eta * e.term_weights[k]) * own, down, eta * e.term_weights[k + 1]))
+        return [e.project(k, adj.add_to(torch.add(z, own, alpha=-eta * e.term_weights[k]), down, eta * e.term_weights[k + 1]))
                 for k, z, own, down, adj in self._closed_form_parts(hidden)]
 
     def _closed_form(self) -> bool:
@@ -333,15 +333,31 @@ class LayeredProblem(BatchProblem):
         return self._affine
 
     def _closed_form_parts(self, hidden: Sequence[torch.Tensor]):
-        """``(k, z_k, own_k, r_{k+1}, A_{k+1}ᵀ)`` per hidden layer: ``∂E/∂z_k = w_k own_k − w_{k+1} A_{k+1}ᵀ r_{k+1}``."""
+        """``(k, z_k, own_k, r_{k+1}, A_{k+1}ᵀ)`` per hidden layer: ``∂E/∂z_k = w_k own_k − w_{k+1} A_{k+1}ᵀ r_{k+1}``.
+
+        Each layer's pre-activation, projection and derivative mask are computed once per call.
+        """
         e, L = self.energy, self.depth
         if getattr(self, "_adj", None) is None:
             self._adj = self.adjoints(hidden)
         pre = self.pre_of(hidden)
         zs = [self.x, *hidden, self.output(pre[L])]
+        if e.kind != "penalty":
+            for k in range(1, L):
+                yield k, zs[k], zs[k] - pre[k], e.error(k + 1, zs[k + 1], pre[k + 1]), self._adj[k + 1]
+            return
+        # penalty: ε_k = z_k − f(a_k) is both layer k's own term and, masked by f'(a_k), the error sent down
+        eps, down = [None] * (L + 1), [None] * (L + 1)
         for k in range(1, L):
-            own = zs[k] - (e.link(k).units.project(pre[k]) if e.kind == "penalty" else pre[k])
-            yield k, zs[k], own, e.error(k + 1, zs[k + 1], pre[k + 1]), self._adj[k + 1]
+            units = e.link(k).units
+            f = units.project(pre[k])
+            eps[k] = zs[k] - f
+            # f'(a) of a box unit is 1 exactly where the clamp leaves a unchanged (autograd's convention)
+            if k > 1:   # layer 1's error is never sent down (the input is fixed)
+                down[k] = eps[k] if units.is_linear else eps[k] * (f == pre[k])
+        eps[L] = down[L] = zs[L] - pre[L]
+        for k in range(1, L):
+            yield k, zs[k], eps[k], down[k + 1], self._adj[k + 1]
 
     def _closed_form_gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         e = self.energy
