@@ -55,3 +55,10 @@ def test_unknown_units():
 def test_cli_errors_are_clear(argv, msg, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path / "o"), "--quiet"]) == 2
     assert msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_empty_batch_is_refused(name):
+    """An empty batch used to give NaN, a RuntimeError or a ZeroDivisionError depending on the rule."""
+    with pytest.raises(ValueError, match="non-empty batch"):
+        make_rule(name).backward(MLP([6, 5, 3]), torch.rand(0, 6), torch.zeros(0, dtype=torch.long))

@@ -149,6 +149,8 @@ CASES = [
  (A + ["--device", "mps"], "Unsupported device 'mps'"),
  (["admm", "--resume", "/nonexistent/run"], "does not exist"),
  (["admm", "--resume", "RUN"], "not the config of an `inferlearn admm` run"),
+ (["admm", "--resume", "ADMMRUN", "--lr", "0.5"], "--lr given with --resume"),
+ (["admm", "--resume", "ADMMRUN", "--mode", "online"], "--mode given with --resume"),
  (A + ["--out", "ADMMRUN"], "already holds a run"),
  # data
  (["data", "fetch", "imagenet"], "Unknown dataset 'imagenet'"),

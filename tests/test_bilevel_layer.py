@@ -238,3 +238,12 @@ def test_nnls_layer_trains_in_float32_at_default_settings(seed):
         loss.backward()
         opt.step()
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unbounded_energy_is_refused_in_float32_too(dtype):
+    """In float32 a diverging iterate absorbs its own step (z − g == z once |z| ≈ 1e7), so a residual
+    computed in float32 read 0 and an unbounded energy came back 'converged' at z ≈ 2e7."""
+    energy = FunctionEnergy(lambda z, a: -(z * a).sum(1), init=lambda a: torch.zeros_like(a))
+    with pytest.raises(ConvergenceError, match="not bounded below"):
+        ArgminLayer(energy)(torch.ones(2, 3, dtype=dtype))

@@ -349,12 +349,12 @@ class AcceleratedProjectedGradient:
                     self._fail(f"{method}: iterates diverged at iteration {it} (energy {float(fz):.3g}); "
                                "the energy is not convex or not bounded below on the constraint set")
                     return z, SolveInfo(method, it, float("inf"), False, tol)
-                res = float(box.normal_cone_violation(z, energy.grad_z(z, *inputs)).abs().max()) if z.numel() else 0.0
+                res = _residual(box, z, energy.grad_z(z, *inputs)) if z.numel() else 0.0
                 if res <= tol:
                     return z, SolveInfo(method, it, res, True, tol)
             if backtrack:
                 L *= 0.9        # let the step grow again
-        res = float(box.normal_cone_violation(z, energy.grad_z(z, *inputs)).abs().max()) if z.numel() else 0.0
+        res = _residual(box, z, energy.grad_z(z, *inputs)) if z.numel() else 0.0
         if res <= tol:
             return z, SolveInfo(method, self.max_iter, res, True, tol)
         self._fail(f"{method}: no convergence in {self.max_iter} iterations (residual {res:.3g} > tol {tol:.3g}); "
@@ -372,6 +372,12 @@ def _as_box(box) -> Box:
         raise TypeError(f"box must be an inferlearn.units.Box (inferlearn.bilevel.Box) or a unit-set name, "
                         f"got {type(box).__name__}")
     return box
+
+
+def _residual(box: Box, z: torch.Tensor, g: torch.Tensor) -> float:
+    """``max|z − Π(z − g)|`` evaluated in float64: in float32 a large ``z`` absorbs the step (``z − g == z``)
+    and an unbounded energy would look converged."""
+    return float(box.normal_cone_violation(z.double(), g.double()).abs().max())
 
 
 def precision_floor(z: torch.Tensor) -> float:

@@ -21,7 +21,7 @@ from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift,
 from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
 from ..training.run_folder import RunFolder
-from .common import check_data_dir, check_device
+from .common import check_data_dir, check_device, explicit_options, remember_defaults
 from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
@@ -71,6 +71,7 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
+    remember_defaults("admm", p)
 
 
 def _floats(text: str, option: str = "value") -> float | list[float]:
@@ -136,6 +137,11 @@ def run(args) -> int:
         if "run" not in saved:
             raise ValueError(f"{folder.path / 'config.json'} is not the config of an `inferlearn admm` run "
                              "(a train run folder? resume it with `inferlearn train --resume`)")
+        given = explicit_options(args) - {"epochs", "quiet", "resume"}
+        if given:
+            flags = ", ".join("--" + g.replace("_", "-") for g in sorted(given))
+            raise ValueError(f"{flags} given with --resume: a resumed run keeps the settings of "
+                             f"{folder.path / 'config.json'}; drop {flags}, or start a new run with another --out")
         for key in RUN_KEYS:
             setattr(args, key, saved["run"].get(key, getattr(args, key, None)))
         args.epochs = args.epochs if args.epochs is not None else saved["epochs"]
