@@ -175,7 +175,7 @@ class Box:
                     raise ValueError(f"Constraint {side} bound of shape {tuple(b.shape)} does not match the "
                                      f"variable of shape {tuple(shape)} (it must broadcast to it)")
 
-    def _bounds(self, z: torch.Tensor) -> tuple[Bound | None, Bound | None]:
+    def clamp_bounds(self, z: torch.Tensor) -> tuple[Bound | None, Bound | None]:
         """The bounds as ``torch.clamp`` takes them for ``z``: ``None`` where unbounded, tensors cast to ``z``."""
         if self._plain is not None:
             return self._plain
@@ -192,14 +192,14 @@ class Box:
     # -- maps ----------------------------------------------------------------------------------------
     def project(self, a: torch.Tensor) -> torch.Tensor:
         """``Π_C(a)``, the coordinate-wise clamp: the activation applied to pre-activations ``a``."""
-        lo, hi = self._bounds(a)
+        lo, hi = self.clamp_bounds(a)
         if lo is None and hi is None:
             return a
         return a.clamp(min=lo, max=hi)
 
     def engaged(self, a: torch.Tensor) -> torch.Tensor:
         """Boolean mask where the projection changes ``a`` (strictly outside ``C``: the non-linearity is active)."""
-        lo, hi = self._bounds(a)
+        lo, hi = self.clamp_bounds(a)
         if lo is None and hi is None:
             return torch.zeros_like(a, dtype=torch.bool)
         if hi is None:
@@ -211,7 +211,7 @@ class Box:
     def at_bound(self, z: torch.Tensor, tol: float) -> torch.Tensor:
         """Boolean mask of coordinates within ``tol`` of a bound (the active set of ``z ∈ C``)."""
         mask = torch.zeros_like(z, dtype=torch.bool)
-        lo, hi = self._bounds(z)
+        lo, hi = self.clamp_bounds(z)
         if lo is not None:
             mask |= z <= lo + tol
         if hi is not None:

@@ -135,6 +135,12 @@ class _Adjoint:
             return torch.addmm(base, v, self.linear.weight.detach(), alpha=alpha)
         return base.add(self(v), alpha=alpha)
 
+    def add_to_(self, base: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
+        """``base += α Aᵀv`` in place."""
+        if self.linear is not None:
+            return base.addmm_(v, self.linear.weight.detach(), alpha=alpha)
+        return base.add_(self(v), alpha=alpha)
+
 
 def operator_norm_sq(link: Link, z_shape: Sequence[int], dtype: torch.dtype, device: torch.device,
                      iters: int = 30) -> float:
@@ -284,9 +290,9 @@ class LayeredProblem(BatchProblem):
         return self.output(a_top) - a_top
 
     def block_step(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor],
-                   adjoint: _Adjoint, t: float) -> torch.Tensor:
+                   adjoint: _Adjoint, t: float, units=None) -> torch.Tensor:
         """One projected-gradient step on hidden layer ``k`` (lifted and Fenchel terms), step ``t`` in units of
-        ``∂E/∂z_k / w_k``::
+        ``∂E/∂z_k / w_k`` (a new tensor; ``units`` = the layer's box, looked up when not given)::
 
             z_k ← Π_k( z_k − t [(z_k − a_k) − ρ_k A_{k+1}ᵀ r_{k+1}] ) = Π_k( lerp(z_k, a_k, t) + t ρ_k A_{k+1}ᵀ r_{k+1} )
         """
@@ -296,7 +302,10 @@ class LayeredProblem(BatchProblem):
             r = self.top_residual(pre[k + 1])
         else:
             r = e.error(k + 1, hidden[k], pre[k + 1])
-        return e.project(k, adjoint.add_to(z.lerp(pre[k], t), r, t * e.feedback(k)))
+        new = adjoint.add_to(z.lerp(pre[k], t), r, t * e.feedback(k))
+        units = e.link(k).units if units is None else units
+        lo, hi = units.clamp_bounds(new)
+        return new if lo is None and hi is None else new.clamp_(min=lo, max=hi)   # a fresh tensor: in place
 
     def gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``[∂E/∂z_1, …, ∂E/∂z_{L-1}]``.
@@ -312,17 +321,23 @@ class LayeredProblem(BatchProblem):
             total = self.value(hs, fresh_a1=False).sum()
             return list(torch.autograd.grad(total, hs))
 
-    def gradient_step(self, hidden: Sequence[torch.Tensor], eta: float) -> list[torch.Tensor]:
-        """Simultaneous projected steps ``z_k ← Π_k(z_k − η ∂E/∂z_k)`` for every hidden layer (new tensors).
+    def gradient_step(self, hidden: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
+        """Simultaneous projected steps ``z_k ← Π_k(z_k − η ∂E/∂z_k)`` for every hidden layer.
 
-        In closed form ``z_k − η w_k ε_k + η w_{k+1} A_{k+1}ᵀ r_{k+1}`` (one ``addmm`` for ``Linear``), else
-        through :meth:`gradients`.
+        In closed form ``z_k − η w_k ε_k + η w_{k+1} A_{k+1}ᵀ r_{k+1}``, updating the tensors of ``hidden``
+        in place (every term is computed from the old point before the first update); otherwise new
+        tensors through :meth:`gradients`. Returns the updated list.
         """
         e = self.energy
         if not self._closed_form():
             return [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, self.gradients(hidden)), start=1)]
-        return [e.project(k, adj.add_to(torch.add(z, own, alpha=-eta * e.term_weights[k]), down, eta * e.term_weights[k + 1]))
-                for k, z, own, down, adj in self._closed_form_parts(hidden)]
+        for k, z, own, down, adj in list(self._closed_form_parts(hidden)):
+            adj.add_to_(z.add_(own, alpha=-eta * e.term_weights[k]), down, eta * e.term_weights[k + 1])
+            if e.kind != "penalty":
+                lo, hi = e.link(k).units.clamp_bounds(z)
+                if lo is not None or hi is not None:
+                    z.clamp_(min=lo, max=hi)
+        return hidden
 
     def _closed_form(self) -> bool:
         if getattr(self, "_affine", None) is None:

@@ -319,12 +319,13 @@ class BlockProjectedGradient(Solver):
         e, L = problem.energy, problem.depth
         t = self.steps(problem, hidden)
         adj = problem.adjoints(hidden)
+        units = [e.link(k).units for k in range(1, L)]
 
         def sweep(check: bool) -> list[torch.Tensor]:
             moves = []
             for k in range(1, L):
                 z = hidden[k - 1]
-                new = problem.block_step(k, hidden, pre, adj[k + 1], t[k - 1])
+                new = problem.block_step(k, hidden, pre, adj[k + 1], t[k - 1], units[k - 1])
                 if check:
                     moves.append((new - z).abs_().max() / t[k - 1])
                 hidden[k - 1] = new
@@ -478,7 +479,7 @@ class GradientSteps(Solver):
     """
 
     name = "pc-steps"
-    in_place = False
+    in_place = True    # Solver.solve hands over copies; the steps update them in place
 
     def __init__(self, steps: int = 15, step_size: float = 0.1, tol: float | None = None, on_fail: str = "warn"):
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
@@ -496,10 +497,11 @@ class GradientSteps(Solver):
             return hidden, SolveInfo(self.name, 0, 0.0, True, self.tol)
         it, move = 0, math.inf
         for it in range(1, self.steps + 1):
-            new = problem.gradient_step(hidden, eta)
-            if self.tol is not None and (it % 5 == 0 or it == self.steps):
-                move = max(float((n - z).abs().max()) for n, z in zip(new, hidden))
-            hidden = new
+            check = self.tol is not None and (it % 5 == 0 or it == self.steps)
+            old = [z.clone() for z in hidden] if check else None
+            hidden = problem.gradient_step(hidden, eta)
+            if check:
+                move = max(float((n - z).abs().max()) for n, z in zip(hidden, old))
             if move <= self.tol if self.tol is not None else False:
                 break
         if self.tol is None:
