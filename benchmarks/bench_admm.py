@@ -7,7 +7,7 @@ the per-sample state (Z and U). Writes ``benchmarks/results/bench_admm.md`` and 
 
 Run (what the committed results used; 2 shared CPU cores, hence the subsets)::
 
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm.py
+    python benchmarks/bench_admm.py
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def write(rows, curves, timing, args):
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.timing_only:
         lines = ["# Block-ADMM vs back-propagation: time per epoch (bench_admm.py --timing-only)", "",
-                 f"Command: `INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm.py --timing-only "
+                 f"Command: `python benchmarks/bench_admm.py --timing-only "
                  f"--limit-train {args.limit_train} --limit-train-conv {args.limit_train_conv} "
                  f"--timing-rounds {args.timing_rounds}`", "",
                  "Same networks and settings as `bench_admm.md`; each method's epochs run in turn, "
@@ -164,7 +164,7 @@ def write(rows, curves, timing, args):
     adam = {(r[0], r[1]): r[4] for r in rows if r[3].startswith("BP Adam")}
     first = args.datasets.split(",")[0]
     lines = ["# Block-ADMM vs back-propagation (bench_admm.py)", "",
-             f"Command: `INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm.py --epochs {args.epochs} "
+             f"Command: `python benchmarks/bench_admm.py --epochs {args.epochs} "
              f"--limit-train {args.limit_train} --limit-train-conv {args.limit_train_conv} --limit-test {args.limit_test} "
              f"--timing-rounds {args.timing_rounds}`",
              "", f"Reduced setting (2 shared CPU cores, one thread): the first {args.limit_train} (MLP) / "

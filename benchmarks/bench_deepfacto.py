@@ -17,7 +17,7 @@ the Inception-ResNet backbone are not available here:
 
 Writes ``benchmarks/results/bench_deepfacto.md``. Run::
 
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_deepfacto.py
+    python benchmarks/bench_deepfacto.py
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def main():
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = ["# DeepFacto probe on MNIST (bench_deepfacto.py)", "",
-             f"Command: `INFERLEARN_DATA=/work/shared/data python benchmarks/bench_deepfacto.py --limit-train "
+             f"Command: `python benchmarks/bench_deepfacto.py --limit-train "
              f"{args.limit_train} --limit-test {args.limit_test} --probe-train {args.probe_train} --pretrain-epochs "
              f"{args.pretrain_epochs} --admm-epochs {args.admm_epochs} --ranks {args.ranks}`", "",
              f"Reduced setting (2 shared CPU cores): first {args.limit_train} MNIST training images for pre-training "

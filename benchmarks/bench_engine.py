@@ -18,7 +18,7 @@ initialisation and after a short training), and the test accuracy after one epoc
 
 Usage (pinned to one core)::
 
-    INFERLEARN_DATA=/work/shared/data OMP_NUM_THREADS=1 taskset -c 1 \\
+    OMP_NUM_THREADS=1 taskset -c 1 \\
         .venv/bin/python benchmarks/bench_engine.py --batches 300 --repeats 7
 
 ``--profile RULE`` instead profiles the generic engine of one rule with cProfile (``--batches``
@@ -360,7 +360,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     agree = agreement(data, args.acc_train)
     times = timing(data, args.batches, args.warmup, args.repeats)
-    cmd = ("INFERLEARN_DATA=/work/shared/data OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_engine.py "
+    cmd = ("OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_engine.py "
            + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     print(write_results(times, agree, args, cmd, time.perf_counter() - t0))
     return 0

@@ -7,7 +7,7 @@ at the initial weights and at the trained weights.
 
 Usage::
 
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_fenchel.py --epochs 2
+    python benchmarks/bench_fenchel.py --epochs 2
 
 Writes ``benchmarks/results/bench_fenchel.md``.
 """

@@ -6,7 +6,7 @@ jit): PC at T = 15 costs 2.2–3.3× a jit-compiled BP epoch on 784-64-64-64-10,
 
 Usage::
 
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_pc.py --repeats 3
+    python benchmarks/bench_pc.py --repeats 3
 
 Writes ``benchmarks/results/bench_pc.md``.
 """

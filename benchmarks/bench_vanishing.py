@@ -9,7 +9,7 @@ Writes ``benchmarks/results/bench_vanishing.md``.
 
 Run::
 
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_vanishing.py
+    python benchmarks/bench_vanishing.py
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def main():
             print(rows[-1], flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = ["# Vanishing gradients: deep sigmoid/tanh MLP (bench_vanishing.py)", "",
-             f"Command: `INFERLEARN_DATA=/work/shared/data python benchmarks/bench_vanishing.py --epochs {args.epochs} "
+             f"Command: `python benchmarks/bench_vanishing.py --epochs {args.epochs} "
              f"--limit-train {args.limit_train} --limit-test {args.limit_test} --depth {args.depth} --width {args.width}`", "",
              f"MLP {arch} ({args.depth} hidden layers), PyTorch default init, first {args.limit_train} MNIST training "
              f"images, first {args.limit_test} test images, {args.epochs} epochs, batch 128, cross-entropy. "

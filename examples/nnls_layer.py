@@ -10,8 +10,9 @@ differentiation has no derivative there and returns 0, so the dictionary never m
 classifier only learns its bias; the contrastive surrogate takes the one-sided derivative and
 learns. From a random dictionary (strongly active constraints only) both train alike.
 
-Run:  python examples/nnls_layer.py
+Run:  python examples/nnls_layer.py            (--epochs 1 for a quick check)
 """
+import argparse
 import time
 
 import torch
@@ -54,10 +55,13 @@ def run(init: str, backward: str, epochs: int = 4) -> tuple[float, int]:
     return acc, weak
 
 
+parser = argparse.ArgumentParser(description="An NNLS argmin layer trained end to end on digits.")
+parser.add_argument("--epochs", type=int, default=4)
+epochs = parser.parse_args().epochs
 print("| dictionary init | backward | test accuracy | weakly active codes seen in backward | seconds |")
 print("|---|---|---|---|---|")
 for init in ("zero", "random"):
     for backward in ("contrastive", "implicit"):
         t0 = time.time()
-        acc, weak = run(init, backward)
+        acc, weak = run(init, backward, epochs)
         print(f"| {init} | {backward} | {acc:.3f} | {weak} | {time.time() - t0:.1f} |", flush=True)

@@ -1,4 +1,4 @@
-"""Props. 1-3 of the bilevel paper as float64 oracle tests (MATH.md §B).
+"""Props. 1-3 of the bilevel paper as float64 oracle tests (docs/maths.md §B).
 
 Oracles: central finite differences of ``ℓ(z*(θ))`` with a tightly converged inner solve; a QP
 solved by SciPy's L-BFGS-B (an independent solver) for Prop. 2; closed-form bounds for Prop. 3.

@@ -55,3 +55,34 @@ def test_train_takes_a_users_model_builder(tmp_path, monkeypatch, capsys):
     assert main(["train", "--data", "digits", "--arch", "my_models:nope", "--epochs", "1", "--out",
                  str(tmp_path / "x"), "--quiet"]) != 0
     assert "Cannot load model builder 'my_models:nope'" in capsys.readouterr().err
+
+
+def test_compare_overwrite_retrains_with_fewer_epochs(tmp_path, capsys):
+    """`demo.sh --epochs 5` after a longer run must train 5 epochs, not print the old table: compare
+    --overwrite starts afresh, and resuming with fewer epochs than done is refused clearly."""
+    out = str(tmp_path / "cmp")
+    base = ["compare", "--data", "digits", "--arch", "64-8-10", "--rules", "backprop", "--limit-train", "100",
+            "--out", out, "--quiet"]
+    assert main([*base, "--epochs", "2"]) == 0
+    assert main([*base, "--epochs", "1"]) == 2
+    assert "already holds 2 epochs" in capsys.readouterr().err
+    assert main([*base, "--epochs", "1", "--overwrite"]) == 0
+    rows = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["rules"]
+    assert rows[0]["epochs"] == 1
+
+
+def test_tensorboard_logs_scalars_histograms_and_filters(tmp_path):
+    """--tensorboard writes event files holding the epoch's scalars, parameter histograms and the first
+    layer's filters (read back with TensorBoard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    assert main(["train", "--data", "digits", "--arch", "conv:2-4/8", "--epochs", "2", "--limit-train", "100",
+                 "--out", str(tmp_path / "run"), "--tensorboard", str(tb), "--quiet"]) == 0
+    acc = EventAccumulator(str(tb), size_guidance={"images": 0, "histograms": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    assert {"train_loss", "test_acc", "epoch_seconds"} <= set(tags["scalars"])
+    assert [e.step for e in acc.Scalars("test_acc")] == [1, 2]
+    assert any(t.startswith("params/") and t.endswith("weight") for t in tags["histograms"])
+    assert "first_layer_filters" in tags["images"]

@@ -1,5 +1,4 @@
 """Dataset readers on generated files in the official formats, resolution order, and failure modes."""
-import gzip
 import hashlib
 import io
 import os

@@ -1,6 +1,6 @@
 """Dual energies (strong and weak duality), free-energy scoring, γ sweep and filter pictures.
 
-Oracles: the primal minimum from the reference solver (strong duality: D(λ*) = min E, MATH.md §A);
+Oracles: the primal minimum from the reference solver (strong duality: D(λ*) = min E, docs/maths.md §A);
 weak duality for random feasible multipliers (D(λ) ≤ min E); the exact O(γ) rate of the sweep.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lifted energies and their gradients, against float64 autograd, finite differences and MATH.md §A.
+"""Lifted energies and their gradients, against float64 autograd, finite differences and docs/maths.md §A.
 
 Oracles: autograd of the per-sample energy (activation and weight gradients); central finite
 differences of the *minimum* energy (the envelope theorem: the gradient of min_z E is ∂_W E at the
@@ -120,7 +120,7 @@ def test_contrastive_grads_equal_signed_weight_grads():
 def test_linear_units_contrastive_gradient_is_backprop_error_times_clamped_activation(gamma):
     """Guards against a wrong sign, scale (γ^{L-1}) or phase in the contrastive rule: for linear
     units ∇_{W_k} J_1 = γ^{L-1} δ_{k+1} ẑ_kᵀ exactly, δ_L = W_{L-1} ẑ_{L-1} + b − y, δ_k = W_kᵀ δ_{k+1}
-    (MATH.md §A), and the rule divides by γ^{L-1}."""
+    (docs/maths.md §A), and the rule divides by γ^{L-1}."""
     model, e, x, labels = _setup("linear", seed=3, gamma=gamma)
     y = one_hot(labels, 3, torch.float64)
     rule = Contrastive(gamma=gamma, solver="reference")
@@ -137,7 +137,7 @@ def test_linear_units_contrastive_gradient_is_backprop_error_times_clamped_activ
 
 def test_relu_contrastive_gradient_approaches_backprop_as_gamma_shrinks():
     """Guards against an O(1) error in the contrastive gradient: its distance to back-propagation's
-    must shrink about linearly with γ (MATH.md §A)."""
+    must shrink about linearly with γ (docs/maths.md §A)."""
     model, _, x, labels = _setup("relu", arch="10-12-12-3", seed=4, batch=20)
     bp = rule_gradients(BackProp(), model, x, labels)
     errs = []

@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from inferlearn.atomic import read_jsonl
 from inferlearn.training.config import TrainConfig

@@ -7,6 +7,7 @@ import importlib
 import sys
 import warnings
 
+from . import __version__
 from .errors import InferlearnError
 
 COMMANDS = [
@@ -20,6 +21,7 @@ COMMANDS = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="inferlearn", description="Train neural networks by inference learning.")
+    parser.add_argument("--version", action="version", version=f"inferlearn {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         importlib.import_module(module).register(sub)

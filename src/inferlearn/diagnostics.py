@@ -1,7 +1,7 @@
 """Diagnostics shared by all rules: active non-linearities, accuracy, gradient alignment with BP.
 
 * ``active_fraction``: the share of hidden units (over a data set) whose non-linearity is engaged,
-  i.e. where the projection ``Π_C`` changes the pre-activation (MATH.md §A: standard lifted training
+  i.e. where the projection ``Π_C`` changes the pre-activation (docs/maths.md §A: standard lifted training
   drives this towards 0; contrastive training keeps about half).
 * ``gradient_alignment``: per-layer cosine similarity and norm ratio between a rule's gradient and
   back-propagation's on the same batch and weights.
@@ -9,11 +9,15 @@
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .engine.chain import model_chain
+
+if TYPE_CHECKING:
+    from .rules.base import Rule
 
 
 @torch.no_grad()
@@ -57,7 +61,8 @@ def rule_gradients(rule, model: nn.Module, x: torch.Tensor, labels: torch.Tensor
     return {n: p.grad.detach().clone() for n, p in clone.named_parameters() if p.grad is not None}
 
 
-def gradient_alignment(rule, model: nn.Module, x: torch.Tensor, labels: torch.Tensor, reference=None) -> list[dict]:
+def gradient_alignment(rule, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
+                       reference: "Rule | None" = None) -> list[dict]:
     """Per-parameter cosine similarity and norm ratio of ``rule``'s gradient to the reference's.
 
     Args:

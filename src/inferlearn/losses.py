@@ -1,7 +1,7 @@
 """Output losses and target encodings.
 
 The lifted-network paper trains with the quadratic loss ``½‖f(x) − y‖²`` on one-hot targets
-(MATH.md §A), which is what the clamped energy's last term is. Losses here are means over the batch.
+(docs/maths.md §A), which is what the clamped energy's last term is. Losses here are means over the batch.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Multi-layer perceptrons built from an architecture string such as ``784-64-64-64-10``.
 
 The network is ``z_0 = x``, ``a_{k+1} = W_k z_k + b_k``, ``z_{k+1} = Π_{C_{k+1}}(a_{k+1})`` for hidden
-layers and a linear output ``z_L = a_L`` (MATH.md §A). Weights are drawn from a normal distribution
+layers and a linear output ``z_L = a_L`` (docs/maths.md §A). Weights are drawn from a normal distribution
 ``N(0, init_scale² / n_k)`` and biases start at zero, from a seed, so that every rule starts from
 the same network.
 """

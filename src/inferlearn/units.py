@@ -18,7 +18,7 @@ name            set C          activation
 ==============  =============  =================
 
 References:
-    Zach & Estellers, "Contrastive learning for lifted networks", Sec. 3, Eq. 1 (MATH.md §A);
+    Zach & Estellers, "Contrastive learning for lifted networks", Sec. 3, Eq. 1 (docs/maths.md §A);
     Zach, "Bilevel programs meet deep learning", Prop. 2 (box constraints of the inner problem).
 """
 from __future__ import annotations

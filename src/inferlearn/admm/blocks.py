@@ -1,6 +1,6 @@
 """Split any feed-forward network into blocks ``f_1 … f_T`` for block-ADMM.
 
-Block-ADMM (MATH.md §C) only needs each block to be an ordinary ``nn.Module`` mapping a batch of
+Block-ADMM (docs/maths.md §C) only needs each block to be an ordinary ``nn.Module`` mapping a batch of
 inputs to a batch of outputs; back-propagation stays inside a block. This file turns a user's
 ``nn.Sequential`` (or a list of modules) into blocks at chosen split points without rewriting it,
 builds the MLP and small conv nets used in the experiments, and checks that consecutive blocks fit

@@ -1,6 +1,6 @@
 """Non-negative least squares and the DeepFacto NMF module.
 
-DeepFacto (MATH.md §C) puts a non-negative factorisation between two blocks of a network: the
+DeepFacto (docs/maths.md §C) puts a non-negative factorisation between two blocks of a network: the
 output ``z`` (flattened, ``n`` features) of one block is written ``z ≈ M s`` with a basis
 ``M ≥ 0`` (``n × r``, shared) and scores ``s ≥ 0`` (``r`` per sample), and only ``s`` feeds the next
 block. In row convention (samples are rows) ``Z ≈ S Mᵀ``. Back-propagation cannot pass this layer;

@@ -1,6 +1,6 @@
 """Stochastic block-ADMM: train a network split into blocks, with per-sample decoupling variables.
 
-Problem (MATH.md §C). Blocks ``f_1 … f_T`` (any ``nn.Module``; see :mod:`inferlearn.blocks`),
+Problem (docs/maths.md §C). Blocks ``f_1 … f_T`` (any ``nn.Module``; see :mod:`inferlearn.blocks`),
 decoupling variables ``Z_t`` (``t = 1 … T-1``) for every training sample, ``Z_0 = X``::
 
     min J(f_T(Z_{T-1}), Y)   s.t.   Z_t = f_t(Z_{t-1}),   t = 1 … T-1
@@ -27,7 +27,7 @@ drift in the near-null space of ``M`` and no longer match the test-time projecti
             closed-form minimiser, NMF scores S take a prox-linear NNLS step
     (3) U_t ← U_t + Z_t − f_t(Z_{t-1})        (NMF: U_t ← U_t + Z_{t-1} − S Mᵀ)
 
-**Algorithm 2 (online)** (MATH.md §C, reconstructed), per mini-batch ``(x, y)`` (e.g. augmented):
+**Algorithm 2 (online)** (docs/maths.md §C, reconstructed), per mini-batch ``(x, y)`` (e.g. augmented):
 initialise ``z`` by a forward pass, take ``z_steps`` gradient steps (rate ζ_t, per sample) on
 ``J + Σ_t (λ_t h_t + (ρ_t/2) h_t²)`` with ``h_t = mean_i ‖z_{t,i} − f_t(z_{t-1,i})‖²``, then
 ``primal_steps`` Θ steps on the same objective, then ``λ_t ← λ_t + ρ_t h_t``. One scalar dual per
@@ -799,7 +799,7 @@ def evaluate(trainer: BlockADMM, x: torch.Tensor, y: torch.Tensor) -> dict:
 
 def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.PathLike | None = None,
                resume: bool = False, progress: bool = True, run_config: dict | None = None,
-               eval_train_limit: int = 10000) -> list[dict]:
+               eval_train_limit: int = 10000, log=None, tensorboard: str | None = None) -> list[dict]:
     """Train for ``epochs`` outer iterations into the run folder of ``inferlearn train``
     (:class:`~inferlearn.training.run_folder.RunFolder`).
 
@@ -807,6 +807,10 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
     atomic checkpoint ``checkpoint.pt`` (blocks, optimisers, ``Z``, ``U``, duals, penalties, RNG and the
     metric history) after every epoch, and ``curves.png`` at the end. ``resume=True`` continues from the checkpoint exactly (same result as an
     uninterrupted run); metrics lines newer than the checkpoint are dropped.
+
+    Args:
+        log: called with one summary line per epoch (``None``: silent), as ``inferlearn train`` prints.
+        tensorboard: a TensorBoard log folder (:mod:`inferlearn.training.tensorboard`), or ``None``.
 
     Raises:
         DivergenceError: non-finite losses or residuals, naming the epoch and the last good checkpoint.
@@ -826,6 +830,11 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
             history = [m for m in ckpt["history"] if m["epoch"] <= trainer.iteration]
         folder.start({**(run_config or {}), "admm": asdict(trainer.cfg) if not callable(trainer.cfg.loss) else None,
                       "epochs": epochs, **trainer.memory_bytes()}, history)
+
+    board = None
+    if tensorboard:
+        from ..training.tensorboard import TensorBoardLogger
+        board = TensorBoardLogger(tensorboard, tuple(data.train_x.shape[1:]))
 
     def last_good(k):
         return f"{folder.checkpoint_path} (epoch {k - 1})" if folder is not None and folder.checkpoint_path.exists() else "none"
@@ -858,11 +867,19 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
         history.append(rec)
         if folder is not None:
             folder.record(rec, {"epoch": k, "state": trainer.state_dict(), "history": history})
+        if board is not None:
+            board.log_epoch(rec, [m for b in trainer.blocks for m in b.modules()])
+        if log:
+            line = (f"epoch {k:3d}  loss {tr['loss']:.4f}  train {tr.get('acc', float('nan')):.4f}  "
+                    f"test {te.get('acc', float('nan')):.4f}  {dt:.1f}s")
+            (bar.write if bar is not None and not bar.disable else log)(line)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{tr['loss']:.4f}", test_acc=f"{te.get('acc', float('nan')):.4f}")
     if bar is not None:
         bar.close()
+    if board is not None:
+        board.close()
     if folder is not None:
         folder.plot(history, f"block-ADMM ({trainer.cfg.mode})", title="block-ADMM")
     return history

@@ -2,7 +2,7 @@
 
 The layer is the bilevel paper in one ``torch.autograd.Function``. Forward solves the inner problem
 (optionally under box constraints, e.g. ``z ≥ 0``). Backward receives ``g = ∂ℓ/∂z*`` and uses ``g`` as
-the linearised outer loss ``ℓ̄(z) = gᵀz`` of the contrastive surrogate (MATH.md §B, Definition 1)::
+the linearised outer loss ``ℓ̄(z) = gᵀz`` of the contrastive surrogate (docs/maths.md §B, Definition 1)::
 
     positive   ẑ₊ = argmin_z E(z) + β gᵀz,   ∇ = [∇E(ẑ₊) − ∇E(z*)] / β      (a lower bound of ℓ̄)
     negative   ẑ₋ = argmin_z E(z) − β gᵀz,   ∇ = [∇E(z*) − ∇E(ẑ₋)] / β      (an upper bound)
@@ -32,7 +32,7 @@ the hard-sigmoid unit) and :class:`FunctionEnergy` (any Python function of ``z``
 
 References:
     Zach, "Bilevel programs meet deep learning: a unifying view on inference learning methods",
-    Definition 1 (contrastive surrogate), Prop. 1-3, Eq. 37 (linearised surrogate); MATH.md §B.
+    Definition 1 (contrastive surrogate), Prop. 1-3, Eq. 37 (linearised surrogate); docs/maths.md §B.
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class ProximalEnergy(Energy):
     """``E(z; a) = ½‖z − a‖²``; its argmin over a box is ``Π_C(a)`` (ReLU, hard sigmoid, hard tanh).
 
     The nudged problem ``argmin ½‖z − a‖² + β gᵀz = Π_C(a − βg)`` is the Fenchel / proximal layer of
-    Fenchel back-propagation (MATH.md §B), so a stack of these layers with the contrastive backward is
+    Fenchel back-propagation (docs/maths.md §B), so a stack of these layers with the contrastive backward is
     :class:`inferlearn.rules.fenchel.FenchelBackProp`.
     """
 
@@ -488,20 +488,21 @@ class ArgminLayer(nn.Module):
             the free one (then ``z*`` was not a global minimiser: the energy is not convex, or the
             forward solve stopped early).
         bound_tol: distance to a bound within which a coordinate counts as active.
-        cg_tol, cg_max_iter: relative residual and iteration limit of the implicit backward's
-            conjugate-gradient solve.
+        cg_tol: relative residual of the implicit backward's conjugate-gradient solve.
+        cg_max_iter: iteration limit of that solve.
 
     References:
-        Zach, bilevel paper, Definition 1 and the linearised surrogate (Eq. 37); MATH.md §B.
+        Zach, bilevel paper, Definition 1 and the linearised surrogate (Eq. 37); docs/maths.md §B.
 
     Note:
-        ``β`` multiplies the incoming gradient as is; with batch-mean losses that gradient scales
-        like ``1/batch``. The linearised surrogate is exact for the quadratic energies here, so β
-        trades only floating-point cancellation against the curvature of non-quadratic energies.
+        ``β`` is per sample (the nudge is ``β B g`` for ``B`` rows, see :meth:`_beta_rows`), so a
+        batch-mean loss does not shrink it. The linearised surrogate is exact for the quadratic
+        energies here, so β trades only floating-point cancellation against the curvature of
+        non-quadratic energies.
     """
 
     def __init__(self, energy: Energy, box: Box | None = None, beta: float = 1e-3, nudging: str = "symmetric",
-                 backward: str = "contrastive", solver=None, check_energy_gap: bool = True, bound_tol: float = 1e-9,
+                 backward: str = "contrastive", solver: Callable | None = None, check_energy_gap: bool = True, bound_tol: float = 1e-9,
                  cg_tol: float = 1e-10, cg_max_iter: int = 1000):
         super().__init__()
         if not isinstance(energy, Energy):

@@ -38,7 +38,7 @@ def register(sub) -> None:
                    help="MLP widths (784-256-256-10) or conv:C1-C2 for the small conv net (default %(default)s)")
     p.add_argument("--act", default="relu", help=f"activation: {', '.join(ACTIVATIONS)} (as for train)")
     p.add_argument("--split", default=None,
-                   help="comma-separated module indices where blocks start (default: after every activation/pool)")
+                   help="comma-separated module indices where blocks start (default: before every activation that follows a weight layer)")
     p.add_argument("--mode", default="batch", choices=["batch", "online"])
     p.add_argument("--epochs", type=int, default=None, help="outer iterations (default 10)")
     p.add_argument("--batch-size", type=int, default=128)
@@ -70,6 +70,8 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="log scalars, weight histograms and first-layer filters to DIR")
     p.set_defaults(func=run)
     remember_defaults("admm", p)
 
@@ -137,7 +139,7 @@ def run(args) -> int:
         if "run" not in saved:
             raise ValueError(f"{folder.path / 'config.json'} is not the config of an `inferlearn admm` run "
                              "(a train run folder? resume it with `inferlearn train --resume`)")
-        given = explicit_options(args) - {"epochs", "quiet", "resume"}
+        given = explicit_options(args) - {"epochs", "quiet", "resume", "tensorboard"}
         if given:
             flags = ", ".join("--" + g.replace("_", "-") for g in sorted(given))
             raise ValueError(f"{flags} given with --resume: a resumed run keeps the settings of "
@@ -175,7 +177,7 @@ def run(args) -> int:
     run_cfg = {"run": {k: getattr(args, k) for k in RUN_KEYS},
                "blocks": [repr(b) for b in blocks]}
     history = train_admm(trainer, data, args.epochs, out=args.out, resume=resume, progress=not args.quiet,
-                         run_config=run_cfg)
+                         run_config=run_cfg, log=None if args.quiet else print, tensorboard=args.tensorboard)
     last = history[-1] if history else {}
     mem = trainer.memory_bytes()
     print(f"done: test accuracy {last.get('test_acc', float('nan')):.4f}; Z/U state {mem['state_bytes'] / 2**20:.1f} MiB"

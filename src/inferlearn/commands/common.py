@@ -34,6 +34,8 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
     p.add_argument("--out", default=defaults.out, help="output folder (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="log scalars, weight histograms and first-layer filters to DIR (tensorboard --logdir DIR)")
 
 
 def check_device(device: str) -> None:
@@ -70,4 +72,5 @@ def config_from_args(args, **overrides) -> TrainConfig:
     return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
                        optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
-                       limit_train=args.limit_train, allow_unverified=args.allow_unverified, **overrides)
+                       limit_train=args.limit_train, allow_unverified=args.allow_unverified,
+                       tensorboard=args.tensorboard, **overrides)

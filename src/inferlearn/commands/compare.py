@@ -14,6 +14,8 @@ def register(sub) -> None:
     p.add_argument("--rule-opt", action="append", default=[], metavar="RULE.KEY=VALUE",
                    help="per-rule hyper-parameter, repeatable (e.g. contrastive.gamma=1/8)")
     p.add_argument("--rule-lr", action="append", default=[], metavar="RULE=LR", help="per-rule learning rate")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train every rule afresh (default: resume and extend the runs already in --out)")
     p.set_defaults(func=run)
 
 
@@ -34,7 +36,7 @@ def run(args) -> int:
             raise ValueError(f"Invalid learning rate: {lrs[rule]} in --rule-lr {item!r}")
     base = config_from_args(args)
     compare_rules(base, rules, parse_rule_options(args.rule_opt), lrs, progress=not args.quiet,
-                  log=None if args.quiet else print)
+                  log=None if args.quiet else print, overwrite=args.overwrite)
     print((__import__("pathlib").Path(base.out) / "comparison.md").read_text())
     print(f"plots: {base.out}/curves.png")
     return 0

@@ -8,7 +8,7 @@ from ..training.loop import load_config, train
 from .common import add_training_options, check_device, config_from_args, explicit_options, remember_defaults
 
 # what may accompany --resume: the run's length, where it runs, and how much it prints
-RESUME_OPTIONS = {"epochs", "device", "quiet", "resume"}
+RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard"}
 
 
 def register(sub) -> None:
@@ -36,6 +36,8 @@ def run(args) -> int:
             config = config.replace(epochs=args.epochs)
         if "device" in explicit_options(args):
             config = config.replace(device=args.device)
+        if args.tensorboard:
+            config = config.replace(tensorboard=args.tensorboard)
         check_device(config.device)
         config = config.replace(out=args.resume)
         resume = True

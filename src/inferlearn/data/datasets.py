@@ -316,7 +316,8 @@ def _load_cached(key: str, data_dir: str | None, download_missing: bool, allow_u
                    meta)
 
 
-def load_dataset(name: str, data_dir=None, download: bool = False, allow_unverified: bool = False) -> Dataset:
+def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download: bool = False,
+                 allow_unverified: bool = False) -> Dataset:
     """Load a data set by name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``).
 
     Args:

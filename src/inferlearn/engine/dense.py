@@ -1,7 +1,7 @@
 """Lifted network energies: free, clamped and nudged, with per-sample values and envelope gradients.
 
 A network with weights ``W_k`` (``n_{k+1} × n_k``), biases ``b_k`` and hidden unit sets ``C_k`` defines
-the lifted energy (MATH.md §A, Eq. 2 of the paper, with biases)::
+the lifted energy (docs/maths.md §A, Eq. 2 of the paper, with biases)::
 
     E(z; x) = Σ_{k=1}^{L} (w_k / 2) ‖z_k − W_{k-1} z_{k-1} − b_{k-1}‖²,   z_0 = x,  z_k ∈ C_k (1 ≤ k < L)
 
@@ -27,7 +27,7 @@ free for contrastive learning).
 
 References:
     Zach & Estellers, "Contrastive learning for lifted networks" (BMVC 2019), Eqs. 2, 7 and 9;
-    MATH.md §A.
+    docs/maths.md §A.
 """
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ class LiftedEnergy:
     def weight_grads(self, zs: Sequence[torch.Tensor], coef: torch.Tensor | float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Envelope gradients ``Σ_i coef_i ∇_{W_k, b_k} E(z^{(i)})`` at fixed layers ``zs``.
 
-        ``∇_{W_k} E = w_{k+1} (a_{k+1} − z_{k+1}) z_kᵀ`` (MATH.md §A). At a minimiser over the free
+        ``∇_{W_k} E = w_{k+1} (a_{k+1} − z_{k+1}) z_kᵀ`` (docs/maths.md §A). At a minimiser over the free
         variables this is the gradient of the minimum value (envelope / Danskin theorem); for a
         nudged row pass its eliminated output ``z_L = a_L − βg/w_L`` (``LiftedProblem.full``),
         which makes the top term's gradient ``β g z_{L-1}ᵀ`` as it should be.

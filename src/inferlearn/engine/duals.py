@@ -12,7 +12,7 @@ output forces ``λ_L = −β g`` (``0`` without nudge). Per coordinate: linear `
 hard tanh ``σ(s) = ‖s‖_1``. The optimal multipliers are ``λ_k = w_k (z_k − a_k)``; with the paper's
 normalisation ``μ_k = λ_k / w_k = z_k − a_k`` the constraints read ``μ_k = γ W_kᵀ μ_{k+1}`` (linear)
 and ``μ_k ≥ γ W_kᵀ μ_{k+1}`` (ReLU), and the hard-sigmoid penalty is ``‖[γ W_kᵀ μ_{k+1} − μ_k]_+‖_1``
-(MATH.md §A). Strong duality holds (convex QP with a Slater point), so ``min E = max D``.
+(docs/maths.md §A). Strong duality holds (convex QP with a Slater point), so ``min E = max D``.
 
 Reading ``min_z`` as a zero-temperature log-sum-exp, ``min_z E(z; x)`` is an unnormalised ``−log p(x)``
 and ``min Ê − min E`` a ``−log p(y | x)``: :func:`free_energy` and :func:`class_energies` compute them.
@@ -72,7 +72,6 @@ def dual_value(problem: LiftedProblem, lams: Sequence[torch.Tensor], tol: float 
     if len(lams) != L:
         raise ValueError(f"Expected {L} multipliers λ_1..λ_L, got {len(lams)}")
     lams = list(lams)
-    x = problem.x
     free_top = torch.zeros_like(lams[-1]) if problem._free_res is None else problem._free_res * e.term_weights[L]
     if problem.n_clamped < problem.batch:
         lams[-1] = torch.where(problem.clamped.unsqueeze(1), lams[-1], free_top)

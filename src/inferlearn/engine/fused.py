@@ -78,7 +78,7 @@ def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: st
 
 @torch.no_grad()
 def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor, steps: int, eta: float,
-                            precision: float, tol: float | None):
+                            precision: float, tol: float | None) -> tuple:
     """Predictive coding on a dense chain: ``T`` simultaneous steps, then the envelope gradient.
 
     The penalty energy ``F = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − a_L‖²`` (``π`` = ``precision``).

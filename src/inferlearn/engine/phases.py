@@ -1,7 +1,7 @@
 """Phases of contrastive learning: free, clamped, and nudged by ``±β``, with their gradient weights.
 
 Every contrastive method estimates a gradient as a weighted difference of the energy's parameter
-gradient at two equilibria (MATH.md §B, Definition 1; the envelope theorem makes each term a partial
+gradient at two equilibria (docs/maths.md §B, Definition 1; the envelope theorem makes each term a partial
 gradient at fixed ``z``)::
 
     clamped        ∇ = ∇E(ẑ_clamped) − ∇E(ž_free)                     (CHL, contrastive lifted J_1)

@@ -11,7 +11,7 @@ layers plus a :class:`SolveInfo`:
 * :class:`ReferenceSolver` (``"reference"``) -- float64, block sweeps to a tight tolerance followed
   by active-set Newton polishing with the dense Hessian: machine-precision minimisers for tests.
 
-The problem is a strongly convex QP with box constraints (MATH.md §A), so every convergent method
+The problem is a strongly convex QP with box constraints (docs/maths.md §A), so every convergent method
 reaches the same minimiser. Non-convergence (iteration limit before the tolerance) warns with
 :class:`~inferlearn.errors.ConvergenceWarning` or raises :class:`~inferlearn.errors.ConvergenceError`
 (``on_fail``); a non-finite iterate always raises. Nothing loops without a bound.
@@ -136,7 +136,7 @@ class CoordinateDescent(Solver):
 
         z_kj ← Π_{C_k}( (a_kj + ρ_k (w_jᵀ r + ‖w_j‖² z_kj)) / (1 + ρ_k ‖w_j‖²) )
 
-    the exact minimiser over ``z_kj`` (MATH.md §A). Layers are traversed bottom-up, units in index
+    the exact minimiser over ``z_kj`` (docs/maths.md §A). Layers are traversed bottom-up, units in index
     order, and ``a_{k+1}`` and ``r`` are updated after every unit (rank-one updates), so the sweep is
     exactly sequential. A free output is re-optimised implicitly (its residual stays constant).
 

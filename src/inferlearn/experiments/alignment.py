@@ -2,7 +2,7 @@
 
 For every γ the contrastive gradient (divided by ``γ^{L-1}``) is compared with BackProp's on the same
 batch and weights, per parameter: cosine similarity and norm ratio
-(:func:`inferlearn.diagnostics.gradient_alignment`). MATH.md §A: for linear units the two differ only
+(:func:`inferlearn.diagnostics.gradient_alignment`). docs/maths.md §A: for linear units the two differ only
 by ``ẑ_k`` in place of the forward activation, and for ReLU units the difference is ``O(γ)``, with
 earlier layers closer than later ones.
 

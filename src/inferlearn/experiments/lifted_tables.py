@@ -157,8 +157,8 @@ def _markdown(n, spec, epochs, results, gamma, lr, batch_size, seed, limit_train
     lines += ["", "Learning rates: back-propagation and contrastive η; standard lifted η × 1/10 for 5 epochs, "
               "then η × 0.3 (LiftedJ0 defaults); linear regression η × 0.1 (least squares on raw pixels is "
               "unstable at η = 1/20).", ""]
-    lines += [f"Curves: `curves_<act>.png`; first-layer filters: `filters_<act>.png`; per-run metrics: "
-              f"`<act>/<rule>/metrics.jsonl`.", ""]
+    lines += ["Curves: `curves_<act>.png`; first-layer filters: `filters_<act>.png`; per-run metrics: "
+              "`<act>/<rule>/metrics.jsonl`.", ""]
     return "\n".join(lines)
 
 
@@ -185,7 +185,7 @@ def alignment_report(data: str = "mnist", arch: str = "784-64-64-64-10", acts=("
         lines += ["Produced by:", "", "```", command, "```", ""]
     lines += [f"Data `{data}`, `{arch}`, first {batch} training samples, float64, reference solver. Each cell: cosine "
               "similarity / relative error ‖g − g_BP‖/‖g_BP‖ of the weight gradient of layer k "
-              "(contrastive gradient divided by γ^{L-1}). MATH.md §A predicts an O(γ) difference, smaller for "
+              "(contrastive gradient divided by γ^{L-1}). docs/maths.md §A predicts an O(γ) difference, smaller for "
               "earlier layers.", ""]
     for act in acts:
         cfg = TrainConfig(data=data, arch=arch, act=act, rule="backprop", epochs=bp_epochs, batch_size=50, lr=0.05,

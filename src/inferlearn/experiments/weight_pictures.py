@@ -8,11 +8,12 @@ References:
 """
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 
 import torch
+
+from ..plots import tile
 
 
 def filter_grid(weight: torch.Tensor, image_shape: tuple[int, ...], n: int = 64) -> torch.Tensor:
@@ -33,13 +34,7 @@ def filter_grid(weight: torch.Tensor, image_shape: tuple[int, ...], n: int = 64)
     n = min(n, weight.shape[0])
     filt = weight[:n].detach().float().cpu().reshape(n, c, h, w).mean(dim=1)
     filt = filt / filt.flatten(1).abs().amax(dim=1).clamp_min(1e-12).view(n, 1, 1)
-    cols = math.ceil(math.sqrt(n))
-    rows = math.ceil(n / cols)
-    grid = torch.zeros(rows * (h + 1) - 1, cols * (w + 1) - 1)
-    for i in range(n):
-        r, q = divmod(i, cols)
-        grid[r * (h + 1):r * (h + 1) + h, q * (w + 1):q * (w + 1) + w] = filt[i]
-    return grid
+    return tile(filt)
 
 
 def plot_filters(weights: Mapping[str, torch.Tensor], image_shape: tuple[int, ...], path: str | os.PathLike,

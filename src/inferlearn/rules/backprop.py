@@ -33,7 +33,7 @@ class BackProp(Rule):
     (the mask is the derivative of the clamp, as autograd defines it at the kinks).
 
     Args:
-        loss: ``"quadratic"`` (default, MATH.md §A) or ``"cross-entropy"``.
+        loss: ``"quadratic"`` (default, docs/maths.md §A) or ``"cross-entropy"``.
         fused: use the fused backward for dense chains (``False``: always autograd).
 
     References:

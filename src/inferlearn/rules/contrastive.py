@@ -4,7 +4,7 @@ For a mini-batch ``{(x_i, y_i)}`` of size ``B`` the rule accumulates the gradien
 
     J_1(W) / γ^{L-1} = (1 / (B γ^{L-1})) Σ_i [min_z Ê(z; x_i, y_i) − min_z E(z; x_i)]
 
-which by the envelope theorem is (MATH.md §A)::
+which by the envelope theorem is (docs/maths.md §A)::
 
     ∇_{W_k} = γ^k / (B γ^{L-1}) Σ_i [(W_k ẑ_k + b_k − ẑ_{k+1}) ẑ_kᵀ − (W_k ž_k + b_k − ž_{k+1}) ž_kᵀ]
 
@@ -35,9 +35,8 @@ from .energy_rule import LiftedEnergyRule, info_extras
 class Contrastive(LiftedEnergyRule):
     """Contrastive training of a lifted network (J_1, clamped minus free), divided by ``γ^{L-1}``.
 
-    Args:
-        gamma, solver, max_iter, tol, on_fail, engine: see
-            :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
+    Its options (``gamma``, ``solver``, ``max_iter``, ``tol``, ``on_fail``, ``engine``) are those of every
+    lifted-energy rule, :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
 
     Both phases are solved as one stacked batch ``[free; clamped]``, started from the forward pass.
     ``StepInfo.loss`` is the quadratic loss of the forward pass; ``extras`` hold the solver's

@@ -1,6 +1,6 @@
 """Equilibrium propagation on the lifted energy: free phase and a ±β-nudged phase.
 
-Phase structure "free and nudged" (MATH.md §B taxonomy): infer the free equilibrium ``z* = argmin E``
+Phase structure "free and nudged" (docs/maths.md §B taxonomy): infer the free equilibrium ``z* = argmin E``
 and a nudged one ``ẑ_β = argmin E + β ℓ̄``, and read the weight gradient off the energy at both::
 
     positive    ∇W = [∇W E(ẑ₊) − ∇W E(z*)] / (β w_L)
@@ -64,8 +64,9 @@ class EquilibriumPropagation(LiftedEnergyRule):
         beta: nudging strength ``β > 0`` (the output moves by ``β g``); ``β → 0`` is back-propagation.
         nudging: ``"positive"``, ``"negative"`` or ``"symmetric"`` (one stacked solve of ``±β``).
         loss: ``"quadratic"`` or ``"cross-entropy"`` (the loss whose gradient nudges the output).
-        gamma, solver, max_iter, tol, on_fail, engine: see
-            :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
+
+    The lifted-energy options (``gamma``, ``solver``, ``max_iter``, ``tol``, ``on_fail``, ``engine``) are
+    those of :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
 
     References:
         Scellier & Bengio (2017); Zach, bilevel paper, Table 1 ("energy + β·loss, β → 0").

@@ -1,6 +1,6 @@
 """Fenchel back-propagation: back-propagation with finite-β targets ``z̄_k = f(a_k − β g_k)``.
 
-The top-down linearised contrastive surrogate (MATH.md §B) with the Fenchel layer energy
+The top-down linearised contrastive surrogate (docs/maths.md §B) with the Fenchel layer energy
 ``E_k(z_k, z_{k-1}) = G_k(z_k) − z_kᵀ(W_{k-1} z_{k-1} + b_{k-1})``, ``∇G_k* = f`` (or, equivalently for
 box units, the proximal energy ``½‖z_k − a_k‖² + ι_C(z_k)``) has the nudged minimiser in closed form::
 
@@ -28,7 +28,7 @@ of ``B`` samples whose batch-mean gradient is ``g``, so β does not depend on th
 
 References:
     Zach, "Bilevel programs meet deep learning", Sec. 4.2 (Fenchel back-propagation) and Eq. 37
-    (linearised surrogate); MATH.md §B.
+    (linearised surrogate); docs/maths.md §B.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ class FenchelBackProp(Rule):
         loss: ``"quadratic"`` (default) or ``"cross-entropy"``.
 
     References:
-        Zach, bilevel paper, Sec. 4.2; MATH.md §B "Fenchel back-propagation".
+        Zach, bilevel paper, Sec. 4.2; docs/maths.md §B "Fenchel back-propagation".
 
     Note:
         The output layer is linear, so its δ is the loss gradient exactly (``z̄_L = a_L − βg``).

@@ -4,7 +4,7 @@
     ∇_{W_k} = γ^k / (B γ^{L-1}) Σ_i (W_k ẑ_k + b_k − ẑ_{k+1}) ẑ_kᵀ          (envelope theorem)
 
 Minimising ``J_0`` jointly with the activations is the classic lifted (MAC-like) training. Its
-stationarity condition forces every unit with non-zero input to behave linearly (MATH.md §A, "why
+stationarity condition forces every unit with non-zero input to behave linearly (docs/maths.md §A, "why
 J_0 fails"), so networks drift to (almost) linear ones and reach about linear regression's accuracy.
 
 References:
@@ -35,8 +35,9 @@ class LiftedJ0(LiftedEnergyRule):
         scaling: ``"layerwise"`` (default) divides layer ``k``'s gradient by its term weight ``γ^k``,
             so every layer takes a regression step of the same size; ``"global"`` divides everything
             by ``γ^{L-1}`` as for contrastive learning.
-        gamma, solver, max_iter, tol, on_fail, engine: as for every lifted-energy rule
-            (:class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`).
+
+    The other options (``gamma``, ``solver``, ``max_iter``, ``tol``, ``on_fail``, ``engine``) are those of
+    every lifted-energy rule, :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
 
     Note:
         The paper says only that "the first epochs utilized a smaller learning rate" for standard

@@ -16,7 +16,7 @@ back-propagation as a limit case. Any chain of affine maps with box units.
 
 References:
     Gu et al. (2020), Fenchel lifted networks; Li et al. (2019), LPOM; Zach, "Bilevel programs meet
-    deep learning", Table 1; MATH.md §B.
+    deep learning", Table 1; docs/maths.md §B.
 """
 from __future__ import annotations
 

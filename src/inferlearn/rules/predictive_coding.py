@@ -1,6 +1,6 @@
 """Predictive coding: clamp the output, infer by ``T`` gradient steps on the penalty energy, read off the weights.
 
-Phase structure "one clamped phase" (MATH.md §B taxonomy). The penalty energy of the model's chain
+Phase structure "one clamped phase" (docs/maths.md §B taxonomy). The penalty energy of the model's chain
 (:mod:`inferlearn.engine.layered`, kind ``penalty``)::
 
     F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − f_L(a_L)‖²,   a_k = A_k(z_{k-1}),  z_L := y
@@ -32,6 +32,7 @@ from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
 from ..engine.layered import LayeredEnergy, LayeredProblem
 from ..engine.solvers import GradientSteps, finish
+from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
@@ -99,5 +100,9 @@ class PredictiveCoding(Rule):
             hidden, info = self._solver.solve(problem)
             it = info.iterations
             problem.accumulate_weight_grads(hidden, 1.0 / (B * pi))
+        grads = [p.grad.sum() for link in chain.links for p in link.parameters() if p.grad is not None]
+        if not all(bool(torch.isfinite(h.sum())) for h in hidden) or not bool(torch.isfinite(torch.stack(grads).sum())):
+            raise ConvergenceError(f"{self.name}: inference diverged (non-finite value nodes after {it} steps); "
+                                   f"lower step_size (now {self.step_size:g})")
         return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(),
                         extras={"inference_steps": it, "hidden": [h.detach() for h in hidden]})

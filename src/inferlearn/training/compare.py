@@ -39,8 +39,12 @@ def parse_rule_options(items: list[str]) -> dict[str, dict]:
 
 
 def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] | None = None,
-                  lrs: dict[str, float] | None = None, progress: bool = True, log=print) -> list[dict]:
+                  lrs: dict[str, float] | None = None, progress: bool = True, log=print,
+                  overwrite: bool = False) -> list[dict]:
     """Train each rule (back-propagation always included, as the reference) and write the results.
+
+    Runs that exist in ``base.out`` are resumed (and extended to ``base.epochs``); ``overwrite`` starts
+    every run afresh instead.
 
     Writes ``<out>/<rule>/...`` run folders, ``<out>/comparison.md``, ``comparison.json`` and ``curves.png``.
 
@@ -58,7 +62,7 @@ def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] 
         if log:
             log(f"== {name}")
         cfg = base.replace(rule=name, rule_options=options.get(name, {}), lr=lrs.get(name, base.lr), out=str(out / name))
-        histories[name] = train(cfg, progress=progress, resume=True, log=log)
+        histories[name] = train(cfg, progress=progress, resume=not overwrite, log=log, overwrite=overwrite)
         rows.append(_row(cfg, histories[name]))
     ref_time = rows[0]["epoch_seconds"]
     for row in rows:

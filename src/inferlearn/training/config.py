@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from ..units import get_units
 from ..data.datasets import check_name
-from ..losses import LOSSES
 from ..models import check_arch
 from .schedules import check_schedule
 
@@ -34,6 +33,7 @@ class TrainConfig:
         device: ``cpu`` or ``cuda``.
         out: output folder.
         data_dir: a folder searched first for data files.
+        tensorboard: a TensorBoard log folder (scalars, weight histograms, first-layer filters), or ``None``.
         allow_unverified: read data files whose checksums differ from the published ones (a warning,
             and ``data_verified: false`` in every metrics line), e.g. the grayscale CIFAR-10 copy.
         limit_train: use only the first N training samples (quick runs); ``None`` for all.
@@ -60,6 +60,7 @@ class TrainConfig:
     out: str = "runs/train"
     data_dir: str | None = None
     allow_unverified: bool = False
+    tensorboard: str | None = None
     limit_train: int | None = None
     checkpoint_every: int = 1
     divergence_factor: float = 1e6

@@ -15,6 +15,7 @@ Output folder::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from ..models import build_model
 from ..rules import Rule, make_rule
 from .run_folder import RunFolder
 from .schedules import make_schedule
+from .tensorboard import TensorBoardLogger
 
 @dataclass
 class Setup:
@@ -98,7 +100,12 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             raise DivergenceError(f"Training diverged: loss {info.loss:.3g} at epoch {epoch}, step {step + 1} "
                                   f"(first loss {loss_ref:.3g}; rule {config.rule}, lr {config.lr}); last good checkpoint: "
                                   f"{last_good}. Try a smaller learning rate.")
-        s.optimizer.step()
+        try:
+            s.optimizer.step()
+        except RuntimeError as exc:   # e.g. a learning rate that overflows the parameters' dtype
+            raise DivergenceError(f"The optimiser step failed at epoch {epoch}, step {step + 1} ({exc}); "
+                                  f"learning rate {s.optimizer.param_groups[0]['lr']:g} is too large for "
+                                  f"{next(s.model.parameters()).dtype}; last good checkpoint: {last_good}") from None
         if not _weights_finite(s.model):
             raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch}, step {step + 1} "
                                   f"(rule {config.rule}, lr {config.lr}); last good checkpoint: {last_good}. "
@@ -128,7 +135,7 @@ def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
             "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss}
 
 
-def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=print,
+def train(config: TrainConfig, progress: bool = True, resume: bool = False, log: Callable[[str], None] | None = print,
           overwrite: bool = False) -> list[dict]:
     """Train according to ``config`` into its run folder (:class:`RunFolder`); returns the per-epoch metrics.
 
@@ -161,7 +168,11 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=
         if "scheduler" in ckpt:
             s.scheduler.load_state_dict(ckpt["scheduler"])
         start, history, s.first_loss = ckpt["epoch"], ckpt["history"], ckpt.get("first_loss")
+        if start > config.epochs:
+            raise RunFolderError(f"{folder.path} already holds {start} epochs, more than the {config.epochs} asked "
+                                 "for; ask for more epochs to extend it, or --overwrite to start again")
     folder.start(config.to_dict(), history)
+    board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard else None
     for epoch in range(start + 1, config.epochs + 1):
         t0 = time.perf_counter()
         batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
@@ -170,9 +181,13 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log=
         history.append(record)
         due = epoch % config.checkpoint_every == 0 or epoch == config.epochs
         folder.record(record, _checkpoint(s, epoch, history) if due else None)
+        if board is not None:
+            board.log_epoch(record, s.model.modules())
         if log:
             log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  "
                 f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s")
+    if board is not None:
+        board.close()
     folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
     return history
 
@@ -181,7 +196,7 @@ def _check_same_run(out: Path, config: TrainConfig) -> None:
     """Refuse to resume a folder that holds a run with different settings (only ``epochs`` may grow)."""
     saved = load_config(out).to_dict()
     current = config.to_dict()
-    diff = sorted(k for k in current if k not in ("epochs", "out", "device") and saved.get(k) != current[k])
+    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard") and saved.get(k) != current[k])
     if diff:
         raise RunFolderError(f"{out} holds a run with different settings ({', '.join(diff)}); "
                              "use another --out folder, or --overwrite to replace it")

@@ -11,7 +11,7 @@ MNIST (first 10k training images), MLP 784-256-256-10 ReLU in 3 blocks, batch 12
 
 Writes ``results/bench_admm_optimizer.md``. Run::
 
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm_optimizer.py --rounds 5
+    python benchmarks/investigations/bench_admm_optimizer.py --rounds 5
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from inferlearn.admm.trainer import ADMMConfig, BlockADMM
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.data import load_dataset
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results"   # benchmarks/results
 
 
 class PerBlock:
@@ -92,7 +92,7 @@ def main():
                 theta[m].append(out["theta_seconds"])
     sgd = statistics.median(times["BP SGD (lr 0.05, m 0.9)"])
     lines = ["# Batch block-ADMM epoch time: per-block vs shared optimiser (bench_admm_optimizer.py)", "",
-             f"Command: `INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm_optimizer.py --rounds {args.rounds} "
+             f"Command: `python benchmarks/investigations/bench_admm_optimizer.py --rounds {args.rounds} "
              f"--limit-train {args.limit_train}`", "",
              "MNIST, MLP 784-256-256-10 in 3 blocks, batch 128, one thread on a shared 2-core machine; one epoch "
              f"of each variant in turn, {args.rounds} rounds, medians.", "",

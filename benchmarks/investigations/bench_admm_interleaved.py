@@ -1,6 +1,6 @@
 """Prototype: Z and dual updates per mini-batch inside the Θ pass (investigation only).
 
-Usage: INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm_interleaved.py gs|jacobi EPOCHS BETA ZETA
+Usage: python benchmarks/investigations/bench_admm_interleaved.py gs|jacobi EPOCHS BETA ZETA
 gs: per mini-batch, reverse-order Z steps with the current weights, then the Θ step, then the dual update.
 jacobi: one forward/backward gives the Θ and Z gradients; both step from the same point; dual from that forward.
 """

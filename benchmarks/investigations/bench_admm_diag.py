@@ -1,11 +1,11 @@
 """Diagnose batch block-ADMM per epoch (investigation; not part of the library).
 
-Usage: INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm_diag.py EPOCHS [key=value ...]
+Usage: python benchmarks/investigations/bench_admm_diag.py EPOCHS [key=value ...]
 keys: ADMMConfig fields, lrK=V (block K's learning rate), zfirst=1 (a Z sweep before the first Θ pass), alpha=A (damped dual U += A r).
 Prints test accuracy, training accuracy of the last block on the stored Z_2 vs on the plain forward pass,
 how well the Θ pass fits its targets Z_t + U_t, |U|/|Z|, how far Z moves per epoch, relative residuals.
 """
-import sys, torch, json
+import sys, torch
 from inferlearn.admm.trainer import ADMMConfig, BlockADMM
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.data import load_dataset

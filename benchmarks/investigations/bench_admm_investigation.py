@@ -8,14 +8,13 @@ epoch, the final relative residuals and the median training seconds per epoch to
 ``results/bench_admm_investigation.jsonl``; ``--report`` turns that file into
 ``results/bench_admm_investigation_runs.md``. Run one process at a time (2 shared cores)::
 
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm_investigation.py --name base --epochs 5
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm_investigation.py --name zs5 --set z_steps=5
-    INFERLEARN_DATA=/work/shared/data python benchmarks/bench_admm_investigation.py --report
+    python benchmarks/investigations/bench_admm_investigation.py --name base --epochs 5
+    python benchmarks/investigations/bench_admm_investigation.py --name zs5 --set z_steps=5
+    python benchmarks/investigations/bench_admm_investigation.py --report
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import time
@@ -28,7 +27,7 @@ from inferlearn.admm.trainer import ADMMConfig, BlockADMM
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.data import load_dataset
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results"   # benchmarks/results
 LOG = RESULTS / "bench_admm_investigation.jsonl"
 
 
