@@ -86,3 +86,10 @@ def test_tensorboard_logs_scalars_histograms_and_filters(tmp_path):
     assert [e.step for e in acc.Scalars("test_acc")] == [1, 2]
     assert any(t.startswith("params/") and t.endswith("weight") for t in tags["histograms"])
     assert "first_layer_filters" in tags["images"]
+
+
+def test_compare_tensorboard_gets_one_folder_per_rule(tmp_path):
+    assert main(["compare", "--data", "digits", "--arch", "64-8-10", "--rules", "backprop,pc", "--epochs", "1",
+                 "--limit-train", "100", "--out", str(tmp_path / "c"), "--tensorboard", str(tmp_path / "tb"),
+                 "--quiet"]) == 0
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["backprop", "pc"]

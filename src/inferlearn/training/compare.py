@@ -61,7 +61,8 @@ def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] 
     for name in rules:
         if log:
             log(f"== {name}")
-        cfg = base.replace(rule=name, rule_options=options.get(name, {}), lr=lrs.get(name, base.lr), out=str(out / name))
+        cfg = base.replace(rule=name, rule_options=options.get(name, {}), lr=lrs.get(name, base.lr), out=str(out / name),
+                           tensorboard=None if base.tensorboard is None else str(Path(base.tensorboard) / name))
         histories[name] = train(cfg, progress=progress, resume=not overwrite, log=log, overwrite=overwrite)
         rows.append(_row(cfg, histories[name]))
     ref_time = rows[0]["epoch_seconds"]
