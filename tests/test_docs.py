@@ -22,3 +22,11 @@ def test_docstrings_do_not_cite_files_outside_the_repository():
     for path in (ROOT / "src").rglob("*.py"):
         text = path.read_text()
         assert "MATH.md" not in text and "../shared" not in text, path
+
+
+def test_readme_example_runs():
+    """The README's example is run as written (a reader's first try must work)."""
+    import re
+    text = (ROOT / "README.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "make_rule" in b]
+    exec(compile(code, "README.md", "exec"), {})

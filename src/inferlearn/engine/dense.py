@@ -271,6 +271,7 @@ class LiftedProblem(BatchProblem):
     nudge: torch.Tensor | None = None
     beta: float = 1.0
     check: bool = True
+    a1: torch.Tensor | None = None   # the first pre-activation, when stacked phases share it
 
     def __post_init__(self) -> None:
         e = self.energy
@@ -311,7 +312,7 @@ class LiftedProblem(BatchProblem):
                 free_res = free_res * (~self.clamped).to(x.dtype).unsqueeze(1)
         self._free_res = free_res
         self._clamp_col = self.clamped.to(x.dtype).unsqueeze(1) if 0 < self.n_clamped < B else None
-        if getattr(self, "a1", None) is None:
+        if self.a1 is None:
             self.a1 = e.pre(1, x)
 
     def top_residual(self, a_top: torch.Tensor) -> torch.Tensor | None:
@@ -444,12 +445,8 @@ def contrastive_problem(energy: LiftedEnergy, x: torch.Tensor, target: torch.Ten
         raise ValueError(f"Expected input of shape (batch, {energy.sizes[0]}), got {tuple(x.shape)}")
     clamped = torch.arange(2 * B, device=x.device) >= B
     a1 = energy.pre(1, x)
-    p = LiftedProblem.__new__(LiftedProblem)
-    p.energy, p.x, p.target, p.clamped, p.nudge, p.beta, p.check = (
-        energy, torch.cat([x, x]), torch.cat([target, target]), clamped, None, 1.0, check)
-    p.a1 = torch.cat([a1, a1])
-    p.__post_init__()
-    return p
+    return LiftedProblem(energy, torch.cat([x, x]), torch.cat([target, target]), clamped, check=check,
+                         a1=torch.cat([a1, a1]))
 
 
 def contrastive_grads(energy: LiftedEnergy, zs: Sequence[torch.Tensor], scale: float,

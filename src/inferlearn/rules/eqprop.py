@@ -47,12 +47,8 @@ from .energy_rule import LiftedEnergyRule, info_extras
 def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor, beta: float, copies: int) -> LiftedProblem:
     """A nudged dense problem over ``copies`` stacked copies of the batch sharing one ``a_1 = W_0 x + b_0``."""
     a1 = energy.pre(1, x)
-    p = LiftedProblem.__new__(LiftedProblem)
-    p.energy, p.x, p.target, p.clamped, p.nudge, p.beta, p.check = (
-        energy, x if copies == 1 else torch.cat([x] * copies), None, None, nudge, beta, False)
-    p.a1 = a1 if copies == 1 else torch.cat([a1] * copies)
-    p.__post_init__()
-    return p
+    return LiftedProblem(energy, torch.cat([x] * copies), nudge=nudge, beta=beta, check=False,
+                         a1=torch.cat([a1] * copies))
 
 
 @register_rule
