@@ -61,6 +61,8 @@ CASES = [
  (T + ["--lr-schedule", "scaled:0"], "Invalid lr schedule 'scaled:0'"),
  (T + ["--lr-schedule", "scaled:abc"], "Invalid lr schedule 'scaled:abc'"),
  (T + ["--device", "mps"], "Unsupported device 'mps'"),
+ (T + ["--threads", "0"], "Invalid --threads 0"),
+ (A + ["--threads", "-1"], "Invalid --threads -1"),
  (T + ["--device", "cuda"], "CUDA is not available"),
  (T + ["--device", "tpu"], "Unsupported device 'tpu'"),
  (T + ["--data-dir", "/nonexistent"], "--data-dir /nonexistent is not a folder"),

@@ -93,3 +93,22 @@ def test_compare_tensorboard_gets_one_folder_per_rule(tmp_path):
                  "--limit-train", "100", "--out", str(tmp_path / "c"), "--tensorboard", str(tmp_path / "tb"),
                  "--quiet"]) == 0
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["backprop", "pc"]
+
+
+def test_threads_default_to_one_and_are_recorded(tmp_path):
+    """The default thread count is 1 (PyTorch's default collapses beside a busy core), --threads N
+    overrides it, and config.json records what the run used."""
+    import torch
+    before = torch.get_num_threads()
+    try:
+        out = tmp_path / "t"
+        assert main(["train", "--data", "digits", "--arch", "64-8-10", "--epochs", "1", "--limit-train", "50",
+                     "--out", str(out), "--quiet"]) == 0
+        assert json.loads((out / "config.json").read_text())["threads"] == 1
+        assert main(["train", "--data", "digits", "--arch", "64-8-10", "--epochs", "1", "--limit-train", "50",
+                     "--out", str(tmp_path / "t2"), "--threads", "2", "--quiet"]) == 0
+        assert json.loads((tmp_path / "t2" / "config.json").read_text())["threads"] == 2
+        assert main(["train", "--resume", str(out), "--epochs", "2", "--threads", "2", "--quiet"]) == 0
+        assert main(["train", "--data", "digits", "--threads", "0", "--out", str(tmp_path / "t3"), "--quiet"]) == 2
+    finally:
+        torch.set_num_threads(before)

@@ -21,7 +21,7 @@ from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift,
 from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
 from ..training.run_folder import RunFolder
-from .common import check_data_dir, check_device, explicit_options, remember_defaults
+from .common import add_threads_option, check_data_dir, check_device, explicit_options, remember_defaults, set_threads
 from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
@@ -70,6 +70,7 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.add_argument("--quiet", action="store_true")
+    add_threads_option(p)
     p.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="log scalars, weight histograms and first-layer filters to DIR")
     p.set_defaults(func=run)
@@ -130,6 +131,7 @@ def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
 
 
 def run(args) -> int:
+    set_threads(args.threads)
     resume = args.resume is not None
     if resume:
         folder = RunFolder(args.resume) if Path(args.resume).is_dir() else None
@@ -139,7 +141,7 @@ def run(args) -> int:
         if "run" not in saved:
             raise ValueError(f"{folder.path / 'config.json'} is not the config of an `inferlearn admm` run "
                              "(a train run folder? resume it with `inferlearn train --resume`)")
-        given = explicit_options(args) - {"epochs", "quiet", "resume", "tensorboard"}
+        given = explicit_options(args) - {"epochs", "quiet", "resume", "tensorboard", "threads"}
         if given:
             flags = ", ".join("--" + g.replace("_", "-") for g in sorted(given))
             raise ValueError(f"{flags} given with --resume: a resumed run keeps the settings of "
@@ -174,7 +176,7 @@ def run(args) -> int:
                      eta0=args.eta0, eta_decay=args.eta_decay, penalty_growth=args.penalty_growth, loss=args.loss,
                      seed=args.seed, chunk_size=args.chunk_size)
     trainer = BlockADMM(blocks, cfg, memmap_dir=Path(args.out) / "state" if args.memmap else None)
-    run_cfg = {"run": {k: getattr(args, k) for k in RUN_KEYS},
+    run_cfg = {"run": {k: getattr(args, k) for k in RUN_KEYS}, "threads": torch.get_num_threads(),
                "blocks": [repr(b) for b in blocks]}
     history = train_admm(trainer, data, args.epochs, out=args.out, resume=resume, progress=not args.quiet,
                          run_config=run_cfg, log=None if args.quiet else print, tensorboard=args.tensorboard)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shlex
 
+from .common import add_threads_option, set_threads
 from ..experiments.lifted_tables import ACTS, ROWS, TABLES, reproduce_table
 
 
@@ -27,10 +28,12 @@ def register(sub) -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default="runs/reproduce_lifted", help="output folder (default %(default)s)")
     p.add_argument("--progress", action="store_true", help="show progress bars")
+    add_threads_option(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    set_threads(args.threads)
     if args.alignment:
         from pathlib import Path
 

@@ -1,14 +1,17 @@
 """``inferlearn train``: train one network with one rule."""
 from __future__ import annotations
 
+import torch
+
 from ..rules import RULES
 from ..training.compare import parse_rule_options
 from ..training.config import TrainConfig
 from ..training.loop import load_config, train
-from .common import add_training_options, check_device, config_from_args, explicit_options, remember_defaults
+from .common import (add_training_options, check_device, config_from_args, explicit_options, remember_defaults,
+                     set_threads)
 
 # what may accompany --resume: the run's length, where it runs, and how much it prints
-RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard"}
+RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads"}
 
 
 def register(sub) -> None:
@@ -31,6 +34,7 @@ def run(args) -> int:
             flags = ", ".join("--" + g.replace("_", "-") for g in sorted(given))
             raise ValueError(f"{flags} given with --resume: a resumed run keeps the settings of "
                              f"{args.resume}/config.json; drop {flags}, or start a new run with another --out")
+        set_threads(args.threads)
         config = load_config(args.resume)
         if args.epochs is not None:  # resume and extend (or shorten) the run
             config = config.replace(epochs=args.epochs)
@@ -38,6 +42,7 @@ def run(args) -> int:
             config = config.replace(device=args.device)
         if args.tensorboard:
             config = config.replace(tensorboard=args.tensorboard)
+        config = config.replace(threads=torch.get_num_threads())
         check_device(config.device)
         config = config.replace(out=args.resume)
         resume = True

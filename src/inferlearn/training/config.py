@@ -33,6 +33,7 @@ class TrainConfig:
         device: ``cpu`` or ``cuda``.
         out: output folder.
         data_dir: a folder searched first for data files.
+        threads: PyTorch intra-op threads the run used (``--threads``; recorded, not a setting of the maths).
         tensorboard: a TensorBoard log folder (scalars, weight histograms, first-layer filters), or ``None``.
         allow_unverified: read data files whose checksums differ from the published ones (a warning,
             and ``data_verified: false`` in every metrics line), e.g. the grayscale CIFAR-10 copy.
@@ -61,6 +62,7 @@ class TrainConfig:
     data_dir: str | None = None
     allow_unverified: bool = False
     tensorboard: str | None = None
+    threads: int = 1
     limit_train: int | None = None
     checkpoint_every: int = 1
     divergence_factor: float = 1e6

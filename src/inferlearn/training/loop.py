@@ -196,7 +196,7 @@ def _check_same_run(out: Path, config: TrainConfig) -> None:
     """Refuse to resume a folder that holds a run with different settings (only ``epochs`` may grow)."""
     saved = load_config(out).to_dict()
     current = config.to_dict()
-    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard") and saved.get(k) != current[k])
+    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard", "threads") and saved.get(k) != current[k])
     if diff:
         raise RunFolderError(f"{out} holds a run with different settings ({', '.join(diff)}); "
                              "use another --out folder, or --overwrite to replace it")
