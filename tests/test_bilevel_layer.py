@@ -247,3 +247,40 @@ def test_unbounded_energy_is_refused_in_float32_too(dtype):
     energy = FunctionEnergy(lambda z, a: -(z * a).sum(1), init=lambda a: torch.zeros_like(a))
     with pytest.raises(ConvergenceError, match="not bounded below"):
         ArgminLayer(energy)(torch.ones(2, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("nudging", ["symmetric", "positive"])
+def test_stacked_argmin_layers_backpropagate_through_both(nudging):
+    """Two argmin layers in one model: autograd chains their contrastive backwards (the top-down
+    recursion of the bilevel paper). Oracle: the same function written with torch.linalg.solve and a
+    ReLU, differentiated by float64 autograd. The quadratic energies make the linearised surrogate
+    exact, so the gradients agree to rounding (symmetric) or to O(β) (positive)."""
+    from inferlearn.bilevel import QuadraticEnergy
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 4, generator=gen, dtype=DT)
+    W1 = torch.randn(6, 4, generator=gen, dtype=DT, requires_grad=True)
+    W2 = torch.randn(3, 6, generator=gen, dtype=DT, requires_grad=True)
+    M = torch.randn(6, 6, generator=gen, dtype=DT)
+    Q1 = (M @ M.T + 6 * torch.eye(6, dtype=DT)).requires_grad_(True)
+    d2 = (torch.rand(3, generator=gen, dtype=DT) + 0.5).requires_grad_(True)
+    t = torch.randn(5, 3, generator=gen, dtype=DT)
+    first = ArgminLayer(QuadraticEnergy(), beta=1e-4, nudging=nudging)
+    second = ArgminLayer(QuadraticEnergy(), Box.nonnegative(), beta=1e-4, nudging=nudging)
+    params = [W1, W2, Q1, d2]
+
+    def loss_layers():
+        z1 = first(Q1, x @ W1.T)
+        z2 = second(torch.diag(d2), z1 @ W2.T)
+        return ((z2 - t) ** 2).sum()
+
+    def loss_oracle():
+        z1 = torch.linalg.solve(0.5 * (Q1 + Q1.T), (x @ W1.T).T).T
+        z2 = torch.relu((z1 @ W2.T) / d2)
+        return ((z2 - t) ** 2).sum()
+
+    got = torch.autograd.grad(loss_layers(), params)
+    ref = torch.autograd.grad(loss_oracle(), params)
+    tol = 1e-7 if nudging == "symmetric" else 1e-2
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=tol, atol=tol)
