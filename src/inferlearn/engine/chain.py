@@ -29,6 +29,7 @@ References:
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,11 +113,16 @@ class Link:
             return core[0]
         return None
 
+    @functools.cached_property
+    def _lone_linear(self) -> bool:
+        return len(self.maps) == 1 and type(self.maps[0]) is nn.Linear
+
     def map(self, z: torch.Tensor) -> torch.Tensor:
         """``a_k = A_k(z_{k-1})`` (one ``addmm`` for a lone ``nn.Linear`` on a matrix: no module dispatch)."""
-        if len(self.maps) == 1 and type(self.maps[0]) is nn.Linear and z.dim() == 2:
-            lin = self.maps[0]
-            return torch.addmm(lin.bias, z, lin.weight.t()) if lin.bias is not None else z.mm(lin.weight.t())
+        if self._lone_linear and z.dim() == 2:
+            params = self.maps[0]._parameters   # the module's own dict: skips nn.Module.__getattr__
+            w, b = params["weight"], params["bias"]
+            return torch.addmm(b, z, w.t()) if b is not None else z.mm(w.t())
         for m in self.maps:
             z = m(z)
         return z
