@@ -49,9 +49,11 @@ def set_threads(threads: int | None) -> int:
     """Set PyTorch's intra-op thread count and return it; ``None`` means 1.
 
     One thread is the default because PyTorch's own default (one per core) collapses when another
-    process holds a core: a back-propagation epoch of the MNIST MLP took 12.1 s instead of 2.2 s with
-    one thread beside one busy core, a predictive-coding epoch 50–240 s instead of 2.5 s. The models
-    here are small enough that more threads gain little; ask for them with ``--threads N``.
+    process holds a core, and gains nothing on the small models here: on the MNIST MLP, 2 threads
+    instead of 1 took 1.06× (back-propagation) and 1.10× (predictive coding) as long on a quiet 2-core
+    machine, and 4.5× and 3.8× beside one busy core, where 1 thread was unaffected
+    (``python benchmarks/bench_threads.py``, ``benchmarks/results/threads.md``). Ask for more with
+    ``--threads N``.
     """
     n = 1 if threads is None else threads
     if not isinstance(n, int) or n < 1:

@@ -170,16 +170,13 @@ def _verified(path: Path, expected: str | None, allow_unverified: bool = False,
               unverified: list | None = None) -> bytes:
     """The file's uncompressed content, checked against the published MD5.
 
-    With ``allow_unverified`` a mismatch warns (:class:`UnverifiedDataWarning`) and is appended to
-    ``unverified`` instead of raising: the explicit opt-in for a copy known to differ (e.g. the lossy
-    grayscale CIFAR-10 development copy). A file that cannot be parsed is refused either way.
+    With ``allow_unverified`` a mismatch is appended to ``unverified`` instead of raising (the explicit
+    opt-in for a copy known to differ, e.g. the lossy grayscale CIFAR-10 development copy;
+    :func:`load_dataset` warns for each such file). A file that cannot be parsed is refused either way.
     """
     data = read_bytes(path)
     if expected is not None and md5(data) != expected:
         if allow_unverified:
-            warnings.warn(f"Reading {path} although its MD5 {md5(data)} differs from the published {expected} "
-                          "(--allow-unverified): results on it are not results on the published data set",
-                          UnverifiedDataWarning, stacklevel=3)
             if unverified is not None:
                 unverified.append(str(path))
             return data
@@ -332,16 +329,11 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download:
             corrupt or truncated files.
     """
     key, folder = check_name(name), str(data_dir) if data_dir else None
-    if allow_unverified:
-        with warnings.catch_warnings(record=True) as caught:   # re-warn on every call, also when cached
-            warnings.simplefilter("always", UnverifiedDataWarning)
-            data = _load_cached(key, folder, bool(download), True)
-        for path in data.meta.get("unverified_files", []):
-            warnings.warn(f"Reading {path}: its checksum differs from the published one (--allow-unverified); "
-                          "results on it are not results on the published data set", UnverifiedDataWarning, stacklevel=2)
-        del caught
-        return data
-    return _load_cached(key, folder, bool(download))
+    data = _load_cached(key, folder, bool(download), bool(allow_unverified))
+    for path in data.meta.get("unverified_files", []):   # on every call, also when the data set is cached
+        warnings.warn(f"Reading {path}: its checksum differs from the published one (--allow-unverified); "
+                      "results on it are not results on the published data set", UnverifiedDataWarning, stacklevel=2)
+    return data
 
 
 def describe(name: str, data_dir=None) -> str:

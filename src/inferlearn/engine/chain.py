@@ -59,7 +59,7 @@ def declare_affine(module: nn.Module) -> nn.Module:
     return module
 
 
-def _is_affine(m: nn.Module) -> bool:
+def is_affine(m: nn.Module) -> bool:
     if getattr(m, "inferlearn_affine", False):
         return True
     if isinstance(m, NORM_TYPES):
@@ -184,7 +184,7 @@ class Chain:
         """
         for k, link in enumerate(self.links, start=1):
             for name, m in zip(link.names, link.maps):
-                if need == AFFINE and not _is_affine(m):
+                if need == AFFINE and not is_affine(m):
                     why = ("batch normalisation in training mode is not affine (call model.eval() or "
                            "remove it)") if isinstance(m, NORM_TYPES) else "it is not an affine map"
                     raise ValueError(f"Rule {rule!r} cannot use module {name!r} ({type(m).__name__}): {why}. "
@@ -220,7 +220,7 @@ def _parse(model: nn.Module) -> Chain:
                                  "and units (x → map → unit → map → … → map)")
             links.append(Link(tuple(maps), m, units, tuple(names)))
             maps, names = [], []
-        elif _is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES):
+        elif is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES):
             maps.append(m)
             names.append(name)
         else:

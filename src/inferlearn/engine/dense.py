@@ -106,10 +106,15 @@ class LiftedEnergy:
         of ``Linear`` layers and box units; weights detached, optionally cast)."""
         from .chain import model_chain
 
-        chain = model_chain(model)
+        return cls.from_chain(model_chain(model), gamma, output_weight, dtype)
+
+    @classmethod
+    def from_chain(cls, chain, gamma: float = 1 / 8, output_weight: float | None = None,
+                   dtype: torch.dtype | None = None) -> "LiftedEnergy":
+        """Build the energy of a dense :class:`~inferlearn.engine.chain.Chain` (see :meth:`from_model`)."""
         if not chain.is_dense:
-            raise ValueError(f"{type(model).__name__} is not a dense chain (Linear layers with box units and a "
-                             "linear output); use inferlearn.engine.layered.LayeredEnergy")
+            raise ValueError(f"{type(chain.model).__name__} is not a dense chain (Linear layers with box units and "
+                             "a linear output); use inferlearn.engine.layered.LayeredEnergy")
         layers = [link.linear for link in chain.links]
         ws = [layer.weight.detach() for layer in layers]
         bs = [layer.bias.detach() if layer.bias is not None else None for layer in layers]

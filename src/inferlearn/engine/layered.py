@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .chain import Chain, Link
+from .chain import Chain, Link, is_affine
 
 KINDS = ("lifted", "penalty", "fenchel")
 
@@ -341,9 +341,8 @@ class LayeredProblem(BatchProblem):
 
     def _closed_form(self) -> bool:
         if getattr(self, "_affine", None) is None:
-            from .chain import _is_affine
             chain = self.energy.chain
-            self._affine = all(_is_affine(m) for l in chain.links for m in l.maps) and all(
+            self._affine = all(is_affine(m) for l in chain.links for m in l.maps) and all(
                 l.units is not None for l in chain.links[:-1]) and chain.linear_output
         return self._affine
 
@@ -450,7 +449,8 @@ class LayeredProblem(BatchProblem):
                 # Lower precision: evaluate the term in float64 on float64 copies of the parameters.
                 # Contrastive estimates subtract two nearly equal gradients summed over every pixel
                 # of a conv layer; in float32 that difference drowns in rounding (measured: conv-layer
-                # cosine with back-propagation ≈ 0 in float32, 0.998 in float64).
+                # cosine with back-propagation ≈ 0 in float32, 0.998 in float64: benchmarks/results/
+                # conv_rules_at_0ba1548 and conv_alignment.md).
                 a, leaves = _map_float64(link, zs[k - 1].double())
                 t = e.term(k, zs[k].double(), a)
                 c = coef.double() if torch.is_tensor(coef) else coef

@@ -52,7 +52,7 @@ class Contrastive(LiftedEnergyRule):
         chain, fused = self.chain(model)
         B, L = x.shape[0], chain.depth
         if fused:
-            energy, x, y = self.dense_inputs(model, x, labels)
+            energy, x, y = self.dense_inputs(chain, x, labels)
             problem = contrastive_problem(energy, x, y, check=False)   # x was validated by Rule.backward
             output = problem.forward_state()[1][L][:B]
             hidden, info = self._solver.solve(problem)

@@ -85,9 +85,9 @@ class LiftedEnergyRule(Rule):
                              "units); use solver 'block-pg' for this model")
         return chain, fused
 
-    def dense_inputs(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor):
+    def dense_inputs(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor):
         """``(energy, x, y)`` for the fused path: the dense lifted energy, flat inputs, one-hot targets."""
-        energy = LiftedEnergy.from_model(model, self.gamma)
+        energy = LiftedEnergy.from_chain(chain, self.gamma)
         x = x.reshape(x.shape[0], -1)
         return energy, x, one_hot(labels, energy.sizes[-1], x.dtype)
 

@@ -82,7 +82,7 @@ class EquilibriumPropagation(LiftedEnergyRule):
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self.chain(model)
         if fused:
-            return self._dense(model, x, labels)
+            return self._dense(chain, x, labels)
         energy = self.layered_energy(chain)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
@@ -92,8 +92,9 @@ class EquilibriumPropagation(LiftedEnergyRule):
         _, g = loss_and_gradient(self.loss, free.full(h_free)[-1], labels)   # at the free equilibrium
         phases = nudged_phases(self.nudging)
         nudge = torch.cat([p.sign * g for p in phases])
+        # the stacked problem's starting point is the free equilibrium (its forward state)
         problem = free.stacked(len(phases), init=h_free, nudge=nudge, beta=self.beta * wL)
-        hidden, info = self._solver.solve(problem, init=[torch.cat([h] * len(phases)) for h in h_free])
+        hidden, info = self._solver.solve(problem)
         scale = 1.0 / (self.beta * wL * B)
         coef = torch.cat([torch.full((B,), p.weight * scale, dtype=x.dtype, device=x.device) for p in phases])
         problem.accumulate_weight_grads(hidden, coef)
@@ -101,9 +102,8 @@ class EquilibriumPropagation(LiftedEnergyRule):
         extras = info_extras(info) | {"free_solver_iterations": info_free.iterations}
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
 
-    def _dense(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain = self.chain(model)[0]
-        energy, x, y = self.dense_inputs(model, x, labels)
+    def _dense(self, chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        energy, x, y = self.dense_inputs(chain, x, labels)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
         free = energy.problem(x, check=False)       # x was validated by Rule.backward

@@ -72,17 +72,16 @@ class LiftedFenchel(Rule):
         return LayeredEnergy.lifted(chain, self.gamma, kind="fenchel")
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain = model_chain(model, AFFINE, self.name)
-        free = LayeredProblem(self.energy(chain), x)
-        n_out = free.forward_state()[1][chain.depth].shape[1]
-        return self.clamped_backward(model, x, one_hot(labels, n_out, x.dtype))
+        free = LayeredProblem(self.energy(model_chain(model, AFFINE, self.name)), x)
+        output = free.forward_state()[1][free.depth]   # the output width, and a forward pass that is reused
+        return self._clamped(free, one_hot(labels, output.shape[1], x.dtype))
 
     def clamped_backward(self, model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> StepInfo:
         """Clamp the output to ``target``, infer and accumulate ``.grad`` (``extras``: steps, ``hidden``)."""
-        chain = model_chain(model, AFFINE, self.name)
-        B, L = x.shape[0], chain.depth
-        energy = self.energy(chain)
-        free = LayeredProblem(energy, x)
+        return self._clamped(LayeredProblem(self.energy(model_chain(model, AFFINE, self.name)), x), target)
+
+    def _clamped(self, free: LayeredProblem, target: torch.Tensor) -> StepInfo:
+        energy, B, L = free.energy, free.batch, free.depth
         output = free.forward_state()[1][L]
         problem = free.stacked(1, target=target)
         if self.steps:

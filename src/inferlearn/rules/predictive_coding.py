@@ -72,21 +72,30 @@ class PredictiveCoding(Rule):
         return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [self.output_weight])
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain = model_chain(model, DIFFERENTIABLE, self.name)
-        with torch.no_grad():
-            n_out = chain.links[-1].linear.out_features if chain.is_dense else model(x[:1]).shape[1]
-        return self.clamped_backward(model, x, one_hot(labels, n_out, x.dtype))
+        chain, fused = self._chain(model)
+        if fused:
+            return self._clamped(chain, True, x, one_hot(labels, chain.links[-1].linear.out_features, x.dtype))
+        free = LayeredProblem(self.energy(chain), x)   # its forward pass gives the output width, and is reused
+        n_out = free.forward_state()[1][chain.depth].shape[1]
+        return self._clamped(chain, False, x, one_hot(labels, n_out, x.dtype), free)
 
     def clamped_backward(self, model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> StepInfo:
         """Clamp the output to ``target`` (any values, e.g. one-hot labels), infer and accumulate ``.grad``.
 
         ``StepInfo.extras`` holds ``inference_steps`` and the inferred ``hidden`` layers.
         """
+        return self._clamped(*self._chain(model), x, target)
+
+    def _chain(self, model: nn.Module):
         chain = model_chain(model, DIFFERENTIABLE, self.name)
-        B, L, pi = x.shape[0], chain.depth, self.output_weight
         fused = chain.is_dense and self.engine != "generic"
         if self.engine == "fused" and not fused:
             raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")
+        return chain, fused
+
+    def _clamped(self, chain, fused: bool, x: torch.Tensor, target: torch.Tensor,
+                 free: LayeredProblem | None = None) -> StepInfo:
+        B, L, pi = x.shape[0], chain.depth, self.output_weight
         if fused:
             grads, output, hidden, it, move = dense_predictive_coding(chain, x.reshape(B, -1), target, self.steps,
                                                                       self.step_size, pi, self.tol)
@@ -94,7 +103,7 @@ class PredictiveCoding(Rule):
                 finish(self._solver.name, None, hidden, it, self.tol, "warn", residual=move)
             accumulate_dense_grads(chain, grads)
         else:
-            free = LayeredProblem(self.energy(chain), x)
+            free = LayeredProblem(self.energy(chain), x) if free is None else free
             output = chain.links[-1].act(free.forward_state()[1][L])
             problem = free.stacked(1, target=target)
             hidden, info = self._solver.solve(problem)
