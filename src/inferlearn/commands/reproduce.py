@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--solver", default=None, help="inference solver of the lifted rules: block-pg (default), cd, reference")
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="read data files whose checksums differ from the published ones (with a warning), "
+                        "e.g. the grayscale CIFAR-10 copy for Table 4")
     p.add_argument("--out", default="runs/reproduce_lifted", help="output folder (default %(default)s)")
     p.add_argument("--progress", action="store_true", help="show progress bars")
     add_threads_option(p)
@@ -70,7 +73,7 @@ def run(args) -> int:
                          rows=[r.strip() for r in args.rows.split(",") if r.strip()], gamma=args.gamma, lr=args.lr,
                          batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
                          limit_train=args.limit_train, solver=args.solver,
-                         command=_command(args),
+                         allow_unverified=args.allow_unverified, command=_command(args),
                          progress=args.progress)
     print(md)
     return 0
@@ -86,4 +89,6 @@ def _command(args) -> str:
                         ("--solver", args.solver), ("--limit-train", args.limit_train), ("--out", args.out)):
         if value is not None:
             parts += [flag, str(value)]
+    if args.allow_unverified:
+        parts.append("--allow-unverified")
     return " ".join(shlex.quote(p) for p in parts)

@@ -62,7 +62,8 @@ def table_spec(n: int) -> TableSpec:
 
 def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACTS, rows=ROWS, gamma: float = 1 / 8,
                     lr: float = 0.05, batch_size: int = 50, seed: int = 0, data_dir: str | None = None,
-                    limit_train: int | None = None, solver: str | None = None, command: str = "",
+                    limit_train: int | None = None, solver: str | None = None, allow_unverified: bool = False,
+                    command: str = "",
                     progress: bool = False, log=print) -> str:
     """Train the table's rows (resuming finished runs) and write ``table{n}.md``; returns the Markdown.
 
@@ -96,7 +97,7 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
             cfg = TrainConfig(data=spec.data, arch=arch, act="relu" if rule == "linear-regression" else act,
                               rule=train_rule, rule_options=opts, epochs=epochs, batch_size=batch_size,
                               optimizer="sgd", lr=lr, lr_schedule=schedule, seed=seed, out=str(folder),
-                              data_dir=data_dir, limit_train=limit_train)
+                              data_dir=data_dir, limit_train=limit_train, allow_unverified=allow_unverified)
             if log:
                 log(f"table {n} {act} {rule}: {epochs} epochs -> {folder}")
             try:
