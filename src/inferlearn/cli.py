@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import warnings
 
 from . import __version__
-from .errors import InferlearnError
+from .errors import DistributedError, InferlearnError
 
 COMMANDS = [
     "inferlearn.commands.train",
@@ -36,10 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warning   # a user sees one line per warning, not our source lines
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)   # for --nproc, which re-runs the command
     try:
         return int(args.func(args) or 0)
     except (InferlearnError, ValueError) as exc:
         print(f"inferlearn: error: {exc}", file=sys.stderr)
+        if isinstance(exc, DistributedError) and os.environ.get("WORLD_SIZE", "1") != "1":
+            # a broken process group aborts the interpreter in its destructors: leave at once
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(2)
         return 2
     except KeyboardInterrupt:
         print("inferlearn: interrupted; resume with --resume OUT_DIR", file=sys.stderr)

@@ -21,16 +21,15 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def active_fraction(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> float:
-    """Fraction of hidden box-unit evaluations over ``x`` where ``Π_C(a) ≠ a`` (0 for linear networks).
+def active_counts(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> tuple[int, int] | None:
+    """``(engaged, total)`` hidden box-unit evaluations over ``x`` (see :func:`active_fraction`).
 
-    Any chain (:func:`~inferlearn.engine.chain.model_chain`); hidden activations that are not box
-    units are not counted (0 without any). ``nan`` for a model that is not a chain.
+    ``(0, 0)`` without box units; ``None`` for a model that is not a chain.
     """
     try:
         chain = model_chain(model)
     except (ValueError, TypeError):
-        return float("nan")
+        return None
     engaged, total = 0, 0
     for start in range(0, x.shape[0], batch_size):
         z = x[start:start + batch_size]
@@ -40,17 +39,35 @@ def active_fraction(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -
                 engaged += int(link.units.engaged(a).sum())
                 total += a.numel()
             z = link.act(a)
+    return engaged, total
+
+
+def active_fraction(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> float:
+    """Fraction of hidden box-unit evaluations over ``x`` where ``Π_C(a) ≠ a`` (0 for linear networks).
+
+    Any chain (:func:`~inferlearn.engine.chain.model_chain`); hidden activations that are not box
+    units are not counted (0 without any). ``nan`` for a model that is not a chain.
+    """
+    counts = active_counts(model, x, batch_size)
+    if counts is None:
+        return float("nan")
+    engaged, total = counts
     return engaged / total if total else 0.0
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, batch_size: int = 2000) -> float:
-    """Classification accuracy of ``argmax model(x)``."""
+def correct_count(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, batch_size: int = 2000) -> int:
+    """How many rows of ``x`` the model classifies right (``argmax model(x) == labels``)."""
     correct = 0
     for start in range(0, x.shape[0], batch_size):
         out = model(x[start:start + batch_size])
         correct += int((out.argmax(dim=1) == labels[start:start + batch_size]).sum())
-    return correct / max(1, x.shape[0])
+    return correct
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, labels: torch.Tensor, batch_size: int = 2000) -> float:
+    """Classification accuracy of ``argmax model(x)``."""
+    return correct_count(model, x, labels, batch_size) / max(1, x.shape[0])
 
 
 def rule_gradients(rule, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:

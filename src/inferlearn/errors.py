@@ -25,6 +25,11 @@ class ConvergenceError(InferlearnError):
     """An iterative solver did not reach the requested accuracy."""
 
 
+class DistributedError(InferlearnError):
+    """A data- or block-parallel run lost a process: another rank died, hung past the timeout, or the
+    process group could not be formed."""
+
+
 class InferlearnWarning(UserWarning):
     """Base class of inferlearn's warnings (e.g. a solver stopped before its tolerance)."""
 

@@ -45,6 +45,28 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
                    help="intra-op threads (default 1: the default thread count collapses beside a busy core)")
 
 
+def add_parallel_options(p: argparse.ArgumentParser) -> None:
+    """``--nproc N`` (data- or block-parallel processes on this machine) and ``--dist-timeout S``."""
+    p.add_argument("--nproc", type=int, default=1,
+                   help="processes to run in parallel on this machine, joined by torch.distributed over "
+                        "loopback (default 1; torchrun works too)")
+    p.add_argument("--dist-timeout", type=float, default=120.0, metavar="S",
+                   help="seconds a process waits for the others before the run fails (default %(default)s)")
+
+
+def run_parallel(args, out: str) -> int | None:
+    """Start ``args.nproc`` copies of this command when asked (``None``: run here, in this process)."""
+    from ..distributed import check_nproc, launch, strip_nproc
+
+    if check_nproc(args.nproc) == 1:
+        return None
+    if not args.dist_timeout > 0:
+        raise ValueError(f"Invalid --dist-timeout {args.dist_timeout}: must be > 0 seconds")
+    return launch(strip_nproc(args.argv), args.nproc,
+                  resume_hint=f"if the run had started, continue it with `inferlearn {args.command} --resume {out}` "
+                              "(any --nproc)")
+
+
 def set_threads(threads: int | None) -> int:
     """Set PyTorch's intra-op thread count and return it; ``None`` means 1.
 
@@ -98,4 +120,5 @@ def config_from_args(args, **overrides) -> TrainConfig:
                        optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
                        limit_train=args.limit_train, allow_unverified=args.allow_unverified,
-                       tensorboard=args.tensorboard, threads=torch.get_num_threads(), **overrides)
+                       tensorboard=args.tensorboard, threads=torch.get_num_threads(),
+                       dist_timeout=getattr(args, "dist_timeout", 120.0), **overrides)

@@ -1,17 +1,21 @@
 """``inferlearn train``: train one network with one rule."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..rules import RULES
 from ..training.compare import parse_rule_options
 from ..training.config import TrainConfig
 from ..training.loop import load_config, train
-from .common import (add_training_options, check_device, config_from_args, explicit_options, remember_defaults,
-                     set_threads)
+from ..distributed import world_from_env
+from ..training.run_folder import RunFolder
+from .common import (add_parallel_options, add_training_options, check_device, config_from_args, explicit_options,
+                     remember_defaults, run_parallel, set_threads)
 
 # what may accompany --resume: the run's length, where it runs, and how much it prints
-RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads"}
+RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads", "nproc", "dist_timeout"}
 
 
 def register(sub) -> None:
@@ -23,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint "
                    "(its settings come from DIR/config.json; --epochs extends it)")
     p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
+    add_parallel_options(p)
     p.set_defaults(func=run, epochs=None)
     remember_defaults("train", p)
 
@@ -44,7 +49,7 @@ def run(args) -> int:
             config = config.replace(tensorboard=args.tensorboard)
         config = config.replace(threads=torch.get_num_threads())
         check_device(config.device)
-        config = config.replace(out=args.resume)
+        config = config.replace(out=args.resume, dist_timeout=args.dist_timeout)
         resume = True
     else:
         args.epochs = TrainConfig().epochs if args.epochs is None else args.epochs
@@ -55,7 +60,14 @@ def run(args) -> int:
         options = parse_rule_options([f"{args.rule}.{o}" for o in args.rule_opt]).get(args.rule, {})
         config = config_from_args(args, rule=args.rule, rule_options=options)
         resume = False
+    if args.nproc > 1:
+        if not resume and not args.overwrite:   # refused here, once, rather than by every process
+            RunFolder(config.out).refuse_overwrite(False)
+        return run_parallel(args, config.out)
+    config = config.replace(nproc=world_from_env())
     history = train(config, progress=not args.quiet, resume=resume, overwrite=args.overwrite)
+    if os.environ.get("RANK", "0") != "0":   # the other ranks of a data-parallel run stay silent
+        return 0
     last = history[-1] if history else {}
     print(f"done: test accuracy {last.get('test_acc', float('nan')):.4f}; results in {config.out}")
     return 0

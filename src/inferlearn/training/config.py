@@ -38,6 +38,10 @@ class TrainConfig:
         allow_unverified: read data files whose checksums differ from the published ones (a warning,
             and ``data_verified: false`` in every metrics line), e.g. the grayscale CIFAR-10 copy.
         limit_train: use only the first N training samples (quick runs); ``None`` for all.
+        nproc: data-parallel processes the run used (``--nproc``; recorded: the global batch and so the
+            maths do not depend on it, and a run may resume with another number).
+        dist_timeout: seconds a rank waits for the others in a collective before failing with
+            :class:`~inferlearn.errors.DistributedError` (``--dist-timeout``).
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
         divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first
             mini-batch loss (a bounded-unit network can blow up its output weights to 1e16 without
@@ -63,6 +67,8 @@ class TrainConfig:
     allow_unverified: bool = False
     tensorboard: str | None = None
     threads: int = 1
+    nproc: int = 1                 # data-parallel processes (recorded; resume may use another number)
+    dist_timeout: float = 120.0    # seconds a rank waits for the others before failing
     limit_train: int | None = None
     checkpoint_every: int = 1
     divergence_factor: float = 1e6
@@ -89,6 +95,10 @@ class TrainConfig:
             raise ValueError(f"Invalid divergence_factor: {self.divergence_factor} (must be > 1)")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"Invalid seed: {self.seed} (must be an integer ≥ 0)")
+        if not isinstance(self.nproc, int) or self.nproc < 1:
+            raise ValueError(f"Invalid nproc: {self.nproc} (must be an integer ≥ 1)")
+        if not (isinstance(self.dist_timeout, (int, float)) and self.dist_timeout > 0):
+            raise ValueError(f"Invalid dist_timeout: {self.dist_timeout} (must be > 0 seconds)")
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
         if not self.device.startswith(("cpu", "cuda", "mps")):

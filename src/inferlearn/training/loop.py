@@ -5,6 +5,12 @@ epoch shuffle (seeded by ``(seed, epoch)`` so a resumed run sees the same batche
 fill ``.grad``, step the optimiser, stop at once on a non-finite loss or weight, evaluate, append
 the metrics, write an atomic checkpoint and the learning-curve PNG.
 
+Data-parallel (``--nproc N`` or ``torchrun``): every rank builds the same model and draws the same
+global batches; each computes its rule's gradient on its contiguous shard of the batch, the
+gradients are averaged with the shard-size weights (:mod:`inferlearn.distributed.group`), and every
+rank steps the same optimiser on the same gradient, so the weights stay identical. Evaluation is
+sharded the same way; rank 0 alone writes the run folder.
+
 Output folder::
 
     config.json      the TrainConfig (resume with ``inferlearn train --resume DIR``)
@@ -17,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +32,8 @@ from tqdm.auto import tqdm
 
 from .config import TrainConfig
 from ..data import Dataset, load_dataset
-from ..diagnostics import active_fraction, evaluate
+from ..diagnostics import active_counts, correct_count
+from ..distributed import Group, join
 from ..errors import DivergenceError, RunFolderError
 from ..losses import quadratic_loss, one_hot
 from ..models import build_model
@@ -48,9 +56,10 @@ class Setup:
     test_x: torch.Tensor
     test_y: torch.Tensor
     first_loss: float | None = None  # the run's first mini-batch loss, reference of the explosion test
+    group: Group = dataclasses.field(default_factory=Group)   # data-parallel ranks (one by default)
 
 
-def build(config: TrainConfig) -> Setup:
+def build(config: TrainConfig, group: Group | None = None) -> Setup:
     """Load data and build model, rule and optimiser; checks that the architecture fits the data."""
     data = load_dataset(config.data, config.data_dir, allow_unverified=config.allow_unverified)
     rule = make_rule(config.rule, config.rule_options)
@@ -64,7 +73,7 @@ def build(config: TrainConfig) -> Setup:
     else:
         opt = torch.optim.Adam(params, lr=config.lr)
     return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[:n].to(device), data.train_y[:n].to(device),
-                 data.test_x.to(device), data.test_y.to(device))
+                 data.test_x.to(device), data.test_y.to(device), group=group or Group())
 
 
 def batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -88,16 +97,21 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     order = batch_order(s.train_x.shape[0], config.seed, epoch).to(s.train_x.device)
     steps = math.ceil(len(order) / config.batch_size)
     total = 0.0
-    bar = tqdm(range(steps), desc=f"epoch {epoch}/{config.epochs} [{config.rule}]", leave=False, disable=not progress)
+    group = s.group
+    params = [p for p in s.model.parameters() if p.requires_grad]
+    bar = tqdm(range(steps), desc=f"epoch {epoch}/{config.epochs} [{config.rule}]", leave=False,
+               disable=not (progress and group.is_main))
     for step in bar:
         idx = order[step * config.batch_size:(step + 1) * config.batch_size]
+        mine = group.shard(idx)
         s.optimizer.zero_grad(set_to_none=True)
-        info = s.rule.backward(s.model, s.train_x[idx], s.train_y[idx])
+        loss = s.rule.backward(s.model, s.train_x[mine], s.train_y[mine]).loss if len(mine) else 0.0
+        loss = group.average_gradients(params, len(mine), len(idx), loss)
         if s.first_loss is None:
-            s.first_loss = info.loss
+            s.first_loss = loss
         loss_ref = s.first_loss
-        if not math.isfinite(info.loss) or info.loss > config.divergence_factor * max(loss_ref, 1e-12):
-            raise DivergenceError(f"Training diverged: loss {info.loss:.3g} at epoch {epoch}, step {step + 1} "
+        if not math.isfinite(loss) or loss > config.divergence_factor * max(loss_ref, 1e-12):
+            raise DivergenceError(f"Training diverged: loss {loss:.3g} at epoch {epoch}, step {step + 1} "
                                   f"(first loss {loss_ref:.3g}; rule {config.rule}, lr {config.lr}); last good checkpoint: "
                                   f"{last_good}. Try a smaller learning rate.")
         try:
@@ -110,23 +124,33 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch}, step {step + 1} "
                                   f"(rule {config.rule}, lr {config.lr}); last good checkpoint: {last_good}. "
                                   "Try a smaller learning rate.")
-        total += info.loss
+        total += loss
         if step % 20 == 0:
-            bar.set_postfix(loss=f"{info.loss:.4f}")
+            bar.set_postfix(loss=f"{loss:.4f}")
     s.scheduler.step()
     return total / steps
 
 
 @torch.no_grad()
 def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> dict:
-    """Full-data metrics after an epoch."""
+    """Full-data metrics after an epoch (each rank evaluates its contiguous share; the sums are reduced)."""
     s.model.eval()
-    out = torch.cat([s.model(s.train_x[i:i + 4096]) for i in range(0, s.train_x.shape[0], 4096)])
-    train_loss = float(quadratic_loss(out, one_hot(s.train_y, out.shape[1], out.dtype)))
-    return {"epoch": epoch, "train_loss": train_loss, "batch_loss": batch_loss,
-            "train_acc": float((out.argmax(1) == s.train_y).float().mean()),
-            "test_acc": evaluate(s.model, s.test_x, s.test_y),
-            "active_fraction": active_fraction(s.model, s.test_x),
+    a, b = s.group.shard_range(s.train_x.shape[0])
+    loss_sum, correct = 0.0, 0
+    for i in range(a, b, 4096):
+        out = s.model(s.train_x[i:min(i + 4096, b)])
+        y = s.train_y[i:min(i + 4096, b)]
+        loss_sum += float(quadratic_loss(out, one_hot(y, out.shape[1], out.dtype))) * len(y)
+        correct += int((out.argmax(1) == y).sum())
+    c, d = s.group.shard_range(s.test_x.shape[0])
+    test_correct = correct_count(s.model, s.test_x[c:d], s.test_y[c:d])
+    counts = active_counts(s.model, s.test_x[c:d])
+    engaged, total = counts if counts is not None else (math.nan, 0)
+    loss_sum, correct, test_correct, engaged, total = s.group.all_sum([loss_sum, correct, test_correct, engaged, total])
+    n_train, n_test = s.train_x.shape[0], s.test_x.shape[0]
+    return {"epoch": epoch, "train_loss": loss_sum / n_train, "batch_loss": batch_loss,
+            "train_acc": correct / n_train, "test_acc": test_correct / max(1, n_test),
+            "active_fraction": engaged / total if total else (0.0 if counts is not None else math.nan),
             "epoch_seconds": seconds, "data_verified": not s.data.meta.get("unverified_files")}
 
 
@@ -150,13 +174,21 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
             whose folder holds different settings; a damaged checkpoint.
     """
     torch.manual_seed(config.seed)
+    group = join(config.device, config.dist_timeout)
+    try:
+        return _train(config, group, progress, resume, log if group.is_main else None, overwrite)
+    finally:
+        group.close()
+
+
+def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log, overwrite: bool) -> list[dict]:
     folder = RunFolder(config.out)
     if resume:
         if (folder.path / "config.json").exists():
             _check_same_run(folder.path, config)
     else:
         folder.refuse_overwrite(overwrite)
-    s = build(config)
+    s = build(config, group)
     history: list[dict] = []
     start = 0
     ckpt = folder.load_checkpoint(map_location=config.device) if resume else None
@@ -171,8 +203,11 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
         if start > config.epochs:
             raise RunFolderError(f"{folder.path} already holds {start} epochs, more than the {config.epochs} asked "
                                  "for; ask for more epochs to extend it, or --overwrite to start again")
-    folder.start(config.to_dict(), history)
-    board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard else None
+    group.barrier()   # every rank has read the folder before rank 0 writes to it
+    main = group.is_main
+    if main:
+        folder.start(config.to_dict(), history)
+    board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard and main else None
     for epoch in range(start + 1, config.epochs + 1):
         t0 = time.perf_counter()
         batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
@@ -180,7 +215,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
         record = epoch_metrics(s, epoch, batch_loss, seconds)
         history.append(record)
         due = epoch % config.checkpoint_every == 0 or epoch == config.epochs
-        folder.record(record, _checkpoint(s, epoch, history) if due else None)
+        if main:
+            folder.record(record, _checkpoint(s, epoch, history) if due else None)
         if board is not None:
             board.log_epoch(record, s.model.modules())
         if log:
@@ -188,7 +224,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
                 f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s")
     if board is not None:
         board.close()
-    folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
+    if main:
+        folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
+    group.barrier()   # no rank leaves (and tears the group down) before rank 0 has written everything
     return history
 
 
@@ -196,7 +234,7 @@ def _check_same_run(out: Path, config: TrainConfig) -> None:
     """Refuse to resume a folder that holds a run with different settings (only ``epochs`` may grow)."""
     saved = load_config(out).to_dict()
     current = config.to_dict()
-    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard", "threads") and saved.get(k) != current[k])
+    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard", "threads", "nproc", "dist_timeout") and saved.get(k) != current[k])
     if diff:
         raise RunFolderError(f"{out} holds a run with different settings ({', '.join(diff)}); "
                              "use another --out folder, or --overwrite to replace it")

@@ -1,0 +1,78 @@
+"""``--nproc N``: start N copies of a command with the elastic launcher (``torch.distributed.run``).
+
+``inferlearn train --nproc 2 ...`` re-runs ``python -m inferlearn train ...`` (without ``--nproc``) in
+two processes on this machine, joined over loopback: the same as ``torchrun --nproc-per-node 2 -m
+inferlearn train ...``. No restarts: a process that fails ends the run, the launcher stops the
+others, and the run resumes from its last checkpoint (``--resume OUT``) with any number of
+processes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import uuid
+
+from ..errors import DistributedError
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def strip_nproc(argv: list[str]) -> list[str]:
+    """``argv`` without ``--nproc N`` / ``--nproc=N``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        out.append(a)
+    return out
+
+
+def check_nproc(nproc: int) -> int:
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"Invalid --nproc {nproc}: must be an integer ≥ 1")
+    if nproc > 1 and os.environ.get("WORLD_SIZE", "1") != "1":
+        raise ValueError("--nproc given inside a launched run (WORLD_SIZE is set): use either torchrun or --nproc")
+    return nproc
+
+
+def launch(argv: list[str], nproc: int, resume_hint: str) -> int:
+    """Run ``python -m inferlearn *argv`` in ``nproc`` processes on loopback; 0 when all succeeded.
+
+    Raises:
+        DistributedError: a process failed (the message names the rank, its exit code, and how to resume).
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # the elastic agent logs every step and failure at INFO/ERROR with a traceback; the user
+    # gets our one line instead (each rank prints its own error line)
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    port = free_port()
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"timeout": 60},
+                          max_restarts=0, monitor_interval=0.1, start_method="spawn",
+                          local_addr="127.0.0.1", shutdown_timeout=5)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # one thread per rank unless told otherwise
+    try:
+        elastic_launch(config, sys.executable)("-m", "inferlearn", *argv)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        how = f"signal {-code}" if code < 0 else f"exit code {code}"
+        raise DistributedError(f"process {rank} of {nproc} failed ({how}; its own message, if any, is above); "
+                               f"{resume_hint}") from None
+    return 0

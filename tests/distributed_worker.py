@@ -1,0 +1,56 @@
+"""Run by ``tests/test_distributed.py`` under the elastic launcher (2 processes on loopback).
+
+For every registered rule, on the MLP and on a conv net, in float64: the gradient averaged over the
+ranks' shards (:meth:`Group.average_gradients`) must equal the gradient one process computes on the
+whole batch. Rank 0 writes ``{rule/model: max relative error}`` as JSON to ``argv[1]``.
+"""
+import json
+import sys
+
+import torch
+from torch import nn
+
+from inferlearn.distributed import join
+from inferlearn.models import MLP
+from inferlearn.rules import RULES, make_rule
+
+MODELS = {
+    "mlp": lambda: MLP([16, 8, 8, 3], "relu", seed=3),
+    "conv": lambda: nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(),
+                                  nn.AvgPool2d(2), nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3)),
+}
+
+
+def grads(model):
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    group = join("cpu", timeout_s=60)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(11, 16, generator=gen, dtype=torch.float64)   # 11 rows: shards of 6 and 5
+    labels = torch.randint(0, 3, (11,), generator=gen)
+    errors = {}
+    for name in sorted(RULES):
+        for model_name, make in MODELS.items():
+            torch.manual_seed(3)
+            model = make().double()
+            rule = make_rule(name)
+            model.zero_grad(set_to_none=True)
+            full_loss = rule.backward(model, x, labels).loss
+            full = grads(model)
+            model.zero_grad(set_to_none=True)
+            rows = group.shard(torch.arange(11))
+            loss = rule.backward(model, x[rows], labels[rows]).loss
+            loss = group.average_gradients(list(model.parameters()), len(rows), 11, loss)
+            err = float((grads(model) - full).norm() / full.norm())
+            errors[f"{name}/{model_name}"] = max(err, abs(loss - full_loss) / abs(full_loss))
+    if group.is_main:
+        with open(out, "w") as f:
+            json.dump(errors, f)
+    group.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
