@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (InferlearnError, ValueError) as exc:
-        print(f"inferlearn: error: {exc}", file=sys.stderr)
-        if isinstance(exc, DistributedError) and os.environ.get("WORLD_SIZE", "1") != "1":
+        launched = os.environ.get("WORLD_SIZE", "1") != "1"
+        if not launched or os.environ.get("RANK") == "0" or isinstance(exc, DistributedError):
+            print(f"inferlearn: error: {exc}", file=sys.stderr)   # every rank has the same; rank 0 says it
+        if isinstance(exc, DistributedError) and launched:
             # a broken process group aborts the interpreter in its destructors: leave at once
             sys.stderr.flush()
             sys.stdout.flush()

@@ -80,6 +80,7 @@ from .nmf import NMF, nnls_gram
 MODES = ("batch", "online")
 LOSSES = ("cross-entropy", "quadratic", "mse")
 OPTIMIZERS = ("sgd", "adam")
+Z_SCHEDULES = ("gauss-seidel", "jacobi")
 
 
 def _per_list(value, n: int, name: str) -> list[float]:
@@ -111,6 +112,10 @@ class ADMMConfig:
         beta: penalty ``β_t`` (batch) or ``ρ_t`` (online), scalar or one per constraint ``t < T``.
         zeta: step size ``ζ_t`` of the ``Z`` updates, scalar or one per constraint.
         z_steps: gradient steps per ``Z`` update.
+        z_schedule: ``gauss-seidel`` (default: the reverse sweep ``t = T-1 … 1``, each ``Z_t`` update
+            seeing the already updated ``Z_{t+1}``) or ``jacobi`` (every ``Z_t`` updated at once from
+            the previous values: the schedule of the block-parallel trainer, where each block's rank
+            updates its ``Z_t`` at the same time; :mod:`inferlearn.admm.parallel`).
         primal_steps: primal passes per outer iteration (batch) / Θ steps per mini-batch (online).
         primal_growth: extra primal passes per iteration (batch: ``p_k = primal_steps + ⌊g k⌋``).
         adaptive: use the adaptive penalty rule; ``eta0``, ``eta_decay``, ``penalty_growth`` (c),
@@ -132,6 +137,7 @@ class ADMMConfig:
     beta: float | list = 1.0
     zeta: float | list = 0.5
     z_steps: int = 1
+    z_schedule: str = "gauss-seidel"
     primal_steps: int = 1
     primal_growth: float = 0.0
     adaptive: bool = False
@@ -150,6 +156,8 @@ class ADMMConfig:
             raise ValueError(f"Unknown mode {self.mode!r}; choose one of {list(MODES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"Unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+        if self.z_schedule not in Z_SCHEDULES:
+            raise ValueError(f"Unknown z_schedule {self.z_schedule!r}; choose one of {list(Z_SCHEDULES)}")
         if not (isinstance(self.loss, str) and self.loss in LOSSES) and not callable(self.loss):
             raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)} or pass a callable")
         for name in ("batch_size", "z_steps", "primal_steps", "chunk_size", "nmf_sweeps"):
@@ -245,6 +253,8 @@ class BlockADMM:
                 raise ValueError(f"Blocks {t} and {t + 1} are both NMF modules; put an ordinary block between them")
         if any(self.is_nmf) and self.cfg.mode != "batch":
             raise ValueError("NMF modules need mode='batch' (their basis update uses all samples)")
+        if any(self.is_nmf) and self.cfg.z_schedule != "gauss-seidel":
+            raise ValueError("NMF modules need z_schedule='gauss-seidel'")
         self.beta = _per_list(self.cfg.beta, T - 1, "beta") if T > 1 else []
         self.zeta = _per_list(self.cfg.zeta, T - 1, "zeta") if T > 1 else []
         self.lam = [0.0] * (T - 1)  # online scalar duals
@@ -355,7 +365,7 @@ class BlockADMM:
 
     def memory_bytes(self) -> dict:
         """Bytes held by the per-sample state ``Z`` and ``U`` and where it lives."""
-        nbytes = sum(z.numel() * z.element_size() for z in self.Z + self.U)
+        nbytes = sum(z.numel() * z.element_size() for z in self.Z + self.U if z is not None)
         return {"state_bytes": int(nbytes), "state_on_disk": self.storage.dir is not None}
 
     # ------------------------------------------------------------------ block terms
@@ -367,11 +377,24 @@ class BlockADMM:
             return prev - (self._get(t, sl) @ blk.M.T).reshape(prev.shape)
         return self._get(t, sl) - blk(self._get(t - 1, sl))
 
+    def _terms(self) -> range:
+        """The blocks whose terms of 𝓛 this trainer updates (all; a block-parallel rank: its own)."""
+        return range(1, self.T + 1)
+
+    def _constraints(self) -> list[int]:
+        """The constraints ``t < T`` whose ``Z_t``, ``U_t`` this trainer holds."""
+        return [t for t in self._terms() if t < self.T]
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        """Sum per-block scalars over the ranks that hold the blocks (one process: themselves)."""
+        return values
+
     def _theta_loss(self, idx: torch.Tensor) -> torch.Tensor:
         """Σ_t (block t's term of 𝓛 on the mini-batch ``idx``), batch mean; NMF blocks excluded."""
         total = 0.0
-        inp = self._get(0, idx)  # each Z_t is gathered once: input of block t+1 and target of block t
-        for t in range(1, self.T + 1):
+        terms = self._terms()
+        inp = self._get(terms[0] - 1, idx)  # each Z_t is gathered once: input of block t+1 and target of block t
+        for t in terms:
             nxt = self._get(t, idx) if t < self.T else None
             if not self.is_nmf[t - 1]:
                 out = self.blocks[t - 1](inp)
@@ -451,6 +474,24 @@ class BlockADMM:
                 with torch.no_grad():
                     target = blk(self._get(t - 1, sl)) - self._u(t, sl)
                 self._put(self.Z[t - 1], sl, self._z_steps(t, sl, target))
+
+    def _jacobi_z_update(self) -> None:
+        """Update every ``Z_t`` at once from the previous values of its neighbours (``z_schedule='jacobi'``).
+
+        Per chunk, all new ``Z_t`` are computed before any is stored, so each update sees the old
+        ``Z_{t-1}``, ``Z_{t+1}`` — what the block-parallel trainer's ranks see when they update
+        their own ``Z_t`` at the same time.
+        """
+        for a, b in self._chunks(self.X.shape[0]):
+            sl = slice(a, b)
+            new = []
+            for t in range(1, self.T):
+                with torch.no_grad():
+                    target = self.blocks[t - 1](self._get(t - 1, sl)) - self._u(t, sl)
+                new.append(self._z_steps(t, sl, target))
+            for t, z in enumerate(new, start=1):
+                self._put(self.Z[t - 1], sl, z)
+        self.storage.flush()
 
     def _z_steps(self, t: int, sl, target: torch.Tensor, next_grad: torch.Tensor | None = None) -> torch.Tensor:
         """``z_steps`` gradient steps on ``(β_t/2)‖z − target‖² + (block t+1's term)``, per sample.
@@ -556,7 +597,7 @@ class BlockADMM:
         # Without the adaptive rule the dual update needs no global decision: one pass computes the
         # residuals, their norms and the update (one forward of each block instead of two).
         update_now = not self.cfg.adaptive
-        for t in range(1, self.T):
+        for t in self._constraints():
             for a, b in self._chunks(N):
                 sl = slice(a, b)
                 r = self._constraint_residual(t, sl)
@@ -564,18 +605,22 @@ class BlockADMM:
                 zsq[t - 1] += float(_sqnorm_rows(self._get(t - 1 if self.is_nmf[t - 1] else t, sl)).sum())
                 if update_now:
                     self._put(self.U[t - 1], sl, self._u(t, sl) + r)
+        both = self._sum_over_ranks(sq + zsq)
+        sq, zsq = both[:self.T - 1], both[self.T - 1:]
         res = [math.sqrt(s / N) for s in sq]
         if not all(math.isfinite(r) for r in res):
             raise DivergenceError(f"non-finite constraint residuals {res}")
         k = self.iteration
         grow = self.cfg.adaptive and math.sqrt(sum(s / N for s in sq)) > self.cfg.eta0 * self.cfg.eta_decay ** k
         for t in range(1, self.T if self.cfg.adaptive else 1):
+            mine = t in self._constraints()
             if grow:
                 new = min(self.beta[t - 1] * self.cfg.penalty_growth, self.cfg.beta_max)
-                self.U[t - 1].mul_(self.beta[t - 1] / new)  # keep λ = β U
+                if mine:
+                    self.U[t - 1].mul_(self.beta[t - 1] / new)  # keep λ = β U
                 self.zeta[t - 1] *= self.beta[t - 1] / new  # keep ζ_t β_t (< 2 for a stable Z step)
                 self.beta[t - 1] = new
-            else:
+            elif mine:
                 for a, b in self._chunks(N):
                     sl = slice(a, b)
                     self._put(self.U[t - 1], sl, self._u(t, sl) + self._constraint_residual(t, sl))
@@ -591,7 +636,8 @@ class BlockADMM:
             raise RuntimeError("Call init_state(X, Y) before training in batch mode")
         p = self.primal_steps_at(self.iteration)
         theta_loss = 0.0
-        fuse = self.fused and not self.cfg.adaptive and not any(self.is_nmf) and self.T > 1
+        jacobi = self.cfg.z_schedule == "jacobi"
+        fuse = self.fused and not jacobi and not self.cfg.adaptive and not any(self.is_nmf) and self.T > 1
         res, zn = [], []
         t_theta = t_z = 0.0  # seconds in the Θ passes and in the Z/NMF/dual passes (for profiling)
         for step in range(p):
@@ -604,13 +650,17 @@ class BlockADMM:
                 res, zn = self._fused_z_dual_sweep()
                 t_z += time.perf_counter() - t1
                 break
-            for t in range(self.T - 1, 0, -1):
-                self._z_update(t)
+            if jacobi:
+                self._jacobi_z_update()
+            else:
+                for t in range(self.T - 1, 0, -1):
+                    self._z_update(t)
             t_z += time.perf_counter() - t1
         else:
             t1 = time.perf_counter()
             res, zn = self._dual_update() if self.T > 1 else ([], [])
             t_z += time.perf_counter() - t1
+        theta_loss = self._sum_over_ranks([theta_loss])[0]
         return {"admm_objective": theta_loss, "primal_steps": p, "theta_seconds": t_theta, "z_dual_seconds": t_z,
                 **{f"residual_{t + 1}": r for t, r in enumerate(res)},
                 **{f"rel_residual_{t + 1}": r / (z + 1e-12) for t, (r, z) in enumerate(zip(res, zn))},
@@ -720,7 +770,8 @@ class BlockADMM:
         """Everything needed to continue exactly: blocks, optimisers, Z, U, duals, penalties, RNG."""
         return {"iteration": self.iteration, "blocks": [b.state_dict() for b in self.blocks],
                 "optimizer": self.optimizer.state_dict(),
-                "Z": [z.clone() for z in self.Z], "U": [u.clone() for u in self.U], "beta": list(self.beta),
+                "Z": [z.clone() if z is not None else None for z in self.Z],
+                "U": [u.clone() if u is not None else None for u in self.U], "beta": list(self.beta),
                 "lam": list(self.lam), "zeta": list(self.zeta), "generator": self.generator.get_state(), "config": asdict(self.cfg)
                 if not callable(self.cfg.loss) else None}
 
@@ -818,6 +869,9 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
     if not (isinstance(epochs, int) and epochs >= 0):
         raise ValueError(f"Invalid epochs: {epochs}")
     folder = RunFolder(out) if out is not None else None
+    main = getattr(trainer, "is_main", True)   # a block-parallel run: rank 0 writes, every rank computes
+    if not main:
+        log, progress, tensorboard = None, False, None
     if trainer.cfg.mode == "batch":
         trainer.init_state(data.train_x, data.train_y)
     history: list[dict] = []
@@ -828,6 +882,9 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
                 raise FileNotFoundError(f"--resume: no checkpoint at {folder.checkpoint_path}")
             trainer.load_state_dict(ckpt["state"])
             history = [m for m in ckpt["history"] if m["epoch"] <= trainer.iteration]
+        if hasattr(trainer, "group"):
+            trainer.group.barrier()   # every rank has read the checkpoint before rank 0 writes
+    if folder is not None and main:
         folder.start({**(run_config or {}), "admm": asdict(trainer.cfg) if not callable(trainer.cfg.loss) else None,
                       "epochs": epochs, **trainer.memory_bytes()}, history)
 
@@ -866,7 +923,9 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
                **{f"test_{a}": v for a, v in te.items()}, **trainer.memory_bytes()}
         history.append(rec)
         if folder is not None:
-            folder.record(rec, {"epoch": k, "state": trainer.state_dict(), "history": history})
+            state = trainer.state_dict()   # a collective in block-parallel runs
+            if main:
+                folder.record(rec, {"epoch": k, "state": state, "history": history})
         if board is not None:
             board.log_epoch(rec, [m for b in trainer.blocks for m in b.modules()])
         if log:
@@ -880,6 +939,8 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
         bar.close()
     if board is not None:
         board.close()
-    if folder is not None:
+    if folder is not None and main:
         folder.plot(history, f"block-ADMM ({trainer.cfg.mode})", title="block-ADMM")
+    if hasattr(trainer, "group"):
+        trainer.group.barrier()   # nobody tears the group down before rank 0 has written everything
     return history

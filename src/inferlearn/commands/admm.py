@@ -13,6 +13,7 @@ penalties, RNG) into ``--out`` like ``inferlearn train``.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -21,13 +22,15 @@ from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift,
 from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
 from ..training.run_folder import RunFolder
-from .common import add_threads_option, check_data_dir, check_device, explicit_options, remember_defaults, set_threads
+from ..distributed import join, world_from_env
+from .common import (add_parallel_options, add_threads_option, check_data_dir, check_device, explicit_options,
+                     remember_defaults, run_parallel, set_threads)
 from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
             "z_steps", "primal_steps", "primal_growth", "adaptive", "eta0", "eta_decay", "penalty_growth",
             "loss", "seed", "device", "data_dir", "limit_train", "memmap", "shift", "nmf_rank", "nmf_after",
-            "chunk_size", "allow_unverified")
+            "chunk_size", "allow_unverified", "z_schedule")
 
 
 def register(sub) -> None:
@@ -71,6 +74,10 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a run that --out already holds")
     p.add_argument("--quiet", action="store_true")
     add_threads_option(p)
+    p.add_argument("--z-schedule", default=None, choices=["gauss-seidel", "jacobi"],
+                   help="Z update order: the reverse Gauss-Seidel sweep (default with one process) or Jacobi, all Z_t "
+                        "at once (default and required with --nproc > 1, where each block has its own process)")
+    add_parallel_options(p)
     p.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="log scalars, weight histograms and first-layer filters to DIR")
     p.set_defaults(func=run)
@@ -141,7 +148,7 @@ def run(args) -> int:
         if "run" not in saved:
             raise ValueError(f"{folder.path / 'config.json'} is not the config of an `inferlearn admm` run "
                              "(a train run folder? resume it with `inferlearn train --resume`)")
-        given = explicit_options(args) - {"epochs", "quiet", "resume", "tensorboard", "threads"}
+        given = explicit_options(args) - {"epochs", "quiet", "resume", "tensorboard", "threads", "nproc", "dist_timeout"}
         if given:
             flags = ", ".join("--" + g.replace("_", "-") for g in sorted(given))
             raise ValueError(f"{flags} given with --resume: a resumed run keeps the settings of "
@@ -153,8 +160,16 @@ def run(args) -> int:
         if folder.load_checkpoint() is None:
             print(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
             resume = False
-    else:
+    elif os.environ.get("RANK", "0") == "0":   # in a launched run, rank 0 alone checks (and writes)
         RunFolder(args.out).refuse_overwrite(args.overwrite)
+    parallel = args.nproc > 1 or world_from_env() > 1
+    if args.z_schedule is None:
+        args.z_schedule = "jacobi" if parallel else "gauss-seidel"
+    if parallel and resume and args.z_schedule != "jacobi":
+        raise ValueError(f"{args.resume} was trained with the {args.z_schedule} Z schedule; a block-parallel run needs "
+                         "jacobi: resume it with --nproc 1")
+    if parallel and args.memmap:
+        raise ValueError("--memmap is for one process; a block-parallel run already splits Z and U over its processes")
     args.epochs = 10 if args.epochs is None else args.epochs
     if args.epochs < 1:
         raise ValueError(f"Invalid --epochs {args.epochs}: must be ≥ 1")
@@ -174,12 +189,27 @@ def run(args) -> int:
                      momentum=args.momentum, beta=_floats(args.beta, "beta"), zeta=_floats(args.zeta, "zeta"), z_steps=args.z_steps,
                      primal_steps=args.primal_steps, primal_growth=args.primal_growth, adaptive=args.adaptive,
                      eta0=args.eta0, eta_decay=args.eta_decay, penalty_growth=args.penalty_growth, loss=args.loss,
-                     seed=args.seed, chunk_size=args.chunk_size)
-    trainer = BlockADMM(blocks, cfg, memmap_dir=Path(args.out) / "state" if args.memmap else None)
+                     seed=args.seed, chunk_size=args.chunk_size, z_schedule=args.z_schedule)
+    if args.nproc > 1:   # checked once here, then the processes start
+        from ..admm.parallel import check_block_parallel
+
+        check_block_parallel(cfg, blocks, args.nproc)
+        return run_parallel(args, args.out)
+    if world_from_env() > 1:
+        from ..admm.parallel import BlockParallelADMM
+
+        trainer = BlockParallelADMM(blocks, cfg, join(args.device, args.dist_timeout))
+    else:
+        trainer = BlockADMM(blocks, cfg, memmap_dir=Path(args.out) / "state" if args.memmap else None)
     run_cfg = {"run": {k: getattr(args, k) for k in RUN_KEYS}, "threads": torch.get_num_threads(),
+               "nproc": world_from_env(),
                "blocks": [repr(b) for b in blocks]}
     history = train_admm(trainer, data, args.epochs, out=args.out, resume=resume, progress=not args.quiet,
                          run_config=run_cfg, log=None if args.quiet else print, tensorboard=args.tensorboard)
+    if hasattr(trainer, "group"):
+        trainer.group.close()
+        if not trainer.is_main:
+            return 0
     last = history[-1] if history else {}
     mem = trainer.memory_bytes()
     print(f"done: test accuracy {last.get('test_acc', float('nan')):.4f}; Z/U state {mem['state_bytes'] / 2**20:.1f} MiB"
