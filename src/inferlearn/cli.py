@@ -39,20 +39,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)   # for --nproc, which re-runs the command
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        if os.environ.get("WORLD_SIZE", "1") != "1":
+            _leave(rc)   # a launched process: skip the process group's destructors (they race at exit)
+        return rc
     except (InferlearnError, ValueError) as exc:
         launched = os.environ.get("WORLD_SIZE", "1") != "1"
         if not launched or os.environ.get("RANK") == "0" or isinstance(exc, DistributedError):
             print(f"inferlearn: error: {exc}", file=sys.stderr)   # every rank has the same; rank 0 says it
-        if isinstance(exc, DistributedError) and launched:
-            # a broken process group aborts the interpreter in its destructors: leave at once
-            sys.stderr.flush()
-            sys.stdout.flush()
-            os._exit(2)
+        if launched:   # a process group aborts the interpreter in its destructors: leave at once
+            _leave(2)
         return 2
     except KeyboardInterrupt:
         print("inferlearn: interrupted; resume with --resume OUT_DIR", file=sys.stderr)
         return 130
+
+
+def _leave(rc: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

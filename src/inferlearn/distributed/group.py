@@ -123,8 +123,13 @@ class Group:
             self.all_sum([0.0])
 
     def close(self) -> None:
-        if self.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        """Wait until every rank is here (the group itself is left to the process's exit).
+
+        ``destroy_process_group`` races with a peer that has already exited: gloo's connection
+        threads then see the closed socket and abort the process. Launched processes therefore end
+        with ``os._exit`` after a final barrier (see :func:`inferlearn.cli.main`).
+        """
+        self.barrier()
 
     def _device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")

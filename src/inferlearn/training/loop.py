@@ -175,10 +175,9 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
     """
     torch.manual_seed(config.seed)
     group = join(config.device, config.dist_timeout)
-    try:
-        return _train(config, group, progress, resume, log if group.is_main else None, overwrite)
-    finally:
-        group.close()
+    history = _train(config, group, progress, resume, log if group.is_main else None, overwrite)
+    group.close()
+    return history
 
 
 def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log, overwrite: bool) -> list[dict]:
