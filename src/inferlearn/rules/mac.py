@@ -70,6 +70,8 @@ class MAC(Rule):
         step_size: the Z-step rate ``η`` on ``E_Q/μ`` (stable for ``η(1 + ‖W‖²) < 2``, as predictive coding).
         tol: stop the Z-step early when the largest step is ``≤ tol`` (checked every 5 steps; warns
             when ``steps`` run out first); ``None``: exactly ``steps`` steps.
+        warm_start: keep the coordinates per sample across epochs (MAC); ``False`` starts every
+            Z-step from the forward pass and stores nothing (an ablation).
 
     ``StepInfo.extras``: ``mu``, ``inference_steps`` and ``warm_fraction`` (the share of the batch whose
     Z-step started from stored coordinates).
@@ -86,6 +88,7 @@ class MAC(Rule):
     steps: int = 20
     step_size: float = 0.1
     tol: float | None = None
+    warm_start: bool = True
 
     def __post_init__(self) -> None:
         for key in ("mu0", "mu_max"):
@@ -162,12 +165,13 @@ class MAC(Rule):
         problem = free.stacked(1, target=y)
         warm = 0.0
         init = None
-        if index is not None and L > 1:
+        persist = index is not None and L > 1 and self.warm_start
+        if persist:
             init, warm = self._warm_start(forward, index)
         hidden, info = self._solver.solve(problem, init)                  # Z-step
         problem.accumulate_weight_grads(hidden, mu / B)                   # W-step gradient: ∇_W E_Q / B
         check_inference_finite(self.name, chain, hidden, info.iterations, self.step_size)
-        if index is not None and L > 1:
+        if persist:
             for z, h in zip(self._z, hidden):
                 z[index] = h.detach().to(z.dtype)
             self._seen[index] = True
