@@ -85,8 +85,8 @@ class MAC(Rule):
     mu0: float = 1.0
     mu_growth: float = 1.5
     mu_max: float = 1e4
-    steps: int = 20
-    step_size: float = 0.1
+    steps: int = 30
+    step_size: float = 0.2
     tol: float | None = None
     warm_start: bool = True
 
