@@ -94,6 +94,10 @@ def test_options_round_trip_through_the_config():
     ({"betas": "0.1,0"}, "Invalid betas: '0.1,0'"),
     ({"betas": "0.1,-1"}, "Invalid betas"),
     ({"betas": "0.1,inf"}, "Invalid betas"),
+    ({"betas": "0.1,1e300"}, "Invalid betas"),
+    ({"beta": "1e300"}, "Invalid beta: 1e\\+300 .*would leave float32"),   # used to be a RuntimeError traceback
+    ({"beta": "1e-300"}, "Invalid beta: 1e-300"),                          # used to give NaN gradients
+    ({"beta_ratio": "1e-300"}, "Invalid beta_ratio"),
     ({"betas": ""}, "Invalid betas"),
     ({"betas": 0.1}, "Invalid betas: 0.1"),
     ({"betas": [0.1, "a"]}, "Invalid betas"),
@@ -103,7 +107,7 @@ def test_options_round_trip_through_the_config():
 ])
 def test_bad_options(opts, msg):
     with pytest.raises(ValueError, match=msg):
-        make_rule("fenchel-bp", opts)
+        make_rule("fenchel-bp", opts).backward(MODELS["mlp"](), *_data())
 
 
 @pytest.mark.parametrize("model_name", sorted(MODELS))

@@ -166,6 +166,9 @@ def activation_order(model: nn.Module) -> list[nn.Module]:
     return [c for _, _, c in _activation_slots(model) if isinstance(c, (FenchelActivation,) + CONVERTIBLE)]
 
 
+BETA_MIN, BETA_MAX = 1e-30, 1e6   # outside, β or the nudge a − βg leave float32 (NaN or overflow)
+
+
 def parse_betas(value) -> tuple[float, ...] | None:
     """``"0.1,0.05"`` (or a sequence of numbers) → ``(0.1, 0.05)``; ``None`` stays ``None``.
 
@@ -185,9 +188,18 @@ def parse_betas(value) -> tuple[float, ...] | None:
         vals = [float(v) for v in value]
     else:
         raise ValueError(f"Invalid betas: {value!r} ({hint})")
-    if not all(math.isfinite(v) and v > 0 for v in vals):
-        raise ValueError(f"Invalid betas: {value!r} (every β_k must be finite and > 0)")
+    if not all(math.isfinite(v) and BETA_MIN <= v <= BETA_MAX for v in vals):
+        raise ValueError(f"Invalid betas: {value!r} (every β_k must lie in [{BETA_MIN:g}, {BETA_MAX:g}])")
     return tuple(vals)
+
+
+def check_fenchel_beta(beta, name: str = "beta") -> float:
+    """β in ``[BETA_MIN, BETA_MAX]``: outside, β or the nudge ``a − βg`` leave float32 (``Invalid beta: …``)."""
+    beta = check_beta(beta)
+    if not BETA_MIN <= beta <= BETA_MAX:
+        raise ValueError(f"Invalid {name}: {beta:g} (must lie in [{BETA_MIN:g}, {BETA_MAX:g}]: β or the nudge a − βg "
+                         "would leave float32)")
+    return beta
 
 
 @register_rule
@@ -221,7 +233,7 @@ class FenchelBackProp(Rule):
     beta_ratio: float | None = None
 
     def __post_init__(self) -> None:
-        check_beta(self.beta)
+        check_fenchel_beta(self.beta)
         check_loss(self.loss)
         self._betas = parse_betas(self.betas)
         if self._betas is not None:
@@ -243,7 +255,10 @@ class FenchelBackProp(Rule):
                                  f"activation layers; give one β_k per layer")
             return list(self._betas)
         if self.beta_ratio is not None:
-            return [check_beta(self.beta * self.beta_ratio ** k) for k in range(n)]
+            try:
+                return [check_fenchel_beta(self.beta * self.beta_ratio ** k, "beta_ratio") for k in range(n)]
+            except OverflowError:
+                raise ValueError(f"Invalid beta_ratio: {self.beta_ratio:g} (β·r^(k−1) overflows)") from None
         return None
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
