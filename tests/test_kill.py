@@ -1,6 +1,7 @@
 """kill -9 at chosen and random moments, then --resume: the metrics equal an uninterrupted run's, no
 temporary file is left, nothing is lost or listed twice. For `train` with several rules (MAC's per-sample
-coordinates included) and for `admm` in both modes. The default run makes a handful of trials; the `slow` soak makes 60.
+coordinates included) and for `admm` in both modes. The default run makes a handful of trials; the `slow`
+soak makes 60.
 
 Kill moments: at start-up (before or while config.json is written), after some epochs, while a
 checkpoint's temporary file exists (mid-write), and at random times.
