@@ -173,7 +173,7 @@ def parse_betas(value) -> tuple[float, ...] | None:
     """``"0.1,0.05"`` (or a sequence of numbers) → ``(0.1, 0.05)``; ``None`` stays ``None``.
 
     Raises:
-        ValueError: ``Invalid betas: …`` for anything else, or a value that is not finite and > 0.
+        ValueError: ``Invalid betas: …`` for anything else, or a value outside ``[BETA_MIN, BETA_MAX]``.
     """
     if value is None:
         return None
