@@ -77,6 +77,20 @@ def test_train_with_two_processes_matches_one(tmp_path):
     assert json.loads((two / "config.json").read_text())["nproc"] == 2
 
 
+def test_mac_shares_its_per_sample_coordinates_across_processes(tmp_path):
+    """MAC keeps auxiliary coordinates per training sample; with 2 processes every process must hold
+    every sample's, or the second epoch's warm starts would differ from one process's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    mac = TRAIN[:TRAIN.index("contrastive")] + ["mac"] + TRAIN[TRAIN.index("contrastive") + 1:]
+    mac += ["--limit-train", "600"]   # MAC takes a fixed number of Z steps: equal to rounding
+    subprocess.run(CLI + mac + ["--epochs", "3", "--out", str(one)], env=_env(), check=True, capture_output=True,
+                   timeout=240)
+    r = subprocess.run(CLI + mac + ["--epochs", "3", "--out", str(two), "--nproc", "2"], env=_env(),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    _same_metrics(_metrics(one), _metrics(two), rel=1e-4)
+
+
 def _rank_pid(tag: str, rank: int, deadline: float) -> int:
     """The pid of the launched process with ``RANK=rank`` in the run tagged ``tag``."""
     want = {f"INFERLEARN_DP_TEST={tag}".encode(), f"RANK={rank}".encode()}

@@ -1,6 +1,7 @@
 """kill -9 at chosen and random moments, then --resume: the metrics equal an uninterrupted run's, no
-temporary file is left, nothing is lost or listed twice. For `train` with several rules and for
-`admm` in both modes. The default run makes a handful of trials; the `slow` soak makes 60.
+temporary file is left, nothing is lost or listed twice. For `train` with several rules (MAC's per-sample
+coordinates included) and for `admm` in both modes. The default run makes a handful of trials; the `slow`
+soak makes 60.
 
 Kill moments: at start-up (before or while config.json is written), after some epochs, while a
 checkpoint's temporary file exists (mid-write), and at random times.
@@ -27,6 +28,8 @@ COMMANDS = {
                           "--batch-size", "64", "--seed", "2", "--limit-train", "600"],
     "train-pc": ["train", "--data", "digits", "--arch", "64-24-10", "--rule", "pc", "--epochs", "6", "--batch-size",
                  "64", "--seed", "3", "--limit-train", "600"],
+    "train-mac": ["train", "--data", "digits", "--arch", "64-24-10", "--rule", "mac", "--epochs", "6", "--batch-size",
+                  "64", "--seed", "6", "--limit-train", "600"],   # per-sample coordinates in the checkpoint
     "admm-batch": ["admm", "--data", "digits", "--arch", "64-24-10", "--epochs", "6", "--batch-size", "64",
                    "--seed", "4", "--limit-train", "600"],
     "admm-online": ["admm", "--data", "digits", "--arch", "64-24-10", "--epochs", "6", "--mode", "online",
@@ -87,7 +90,7 @@ def kill_trial(name: str, moment: str, root: Path, seed: int) -> None:
 
 @pytest.mark.parametrize("name, moment", [("train-contrastive", "tmp"), ("train-pc", "epochs"),
                                           ("admm-batch", "tmp"), ("admm-online", "epochs"),
-                                          ("train-backprop", "startup")])
+                                          ("train-backprop", "startup"), ("train-mac", "epochs")])
 def test_kill_then_resume(tmp_path_factory, name, moment):
     """Guards against state missing from checkpoints, metrics lines lost or duplicated around a
     checkpoint, and a folder left unusable by a kill at start-up."""

@@ -103,7 +103,7 @@ def _maxpool_sigmoid_net():
                          nn.Flatten(), nn.Linear(12, 3))
 
 
-@pytest.mark.parametrize("name", ["contrastive", "eqprop", "lifted-j0", "lifted-fenchel"])
+@pytest.mark.parametrize("name", ["contrastive", "eqprop", "lifted-j0", "lifted-fenchel", "lpom"])
 def test_lifted_rules_refuse_non_affine_maps_and_non_box_units(name):
     """The lifted energies need affine maps and box units: a sigmoid or a max-pooling layer is refused
     with a message naming the module, instead of a silently wrong gradient."""
@@ -117,7 +117,7 @@ def test_lifted_rules_refuse_non_affine_maps_and_non_box_units(name):
         rule.backward(net, x, labels)
 
 
-@pytest.mark.parametrize("name", ["backprop", "fenchel-bp", "pc"])
+@pytest.mark.parametrize("name", ["backprop", "fenchel-bp", "pc", "mac"])
 def test_differentiable_rules_accept_max_pooling_and_sigmoids(name):
     """Back-propagation, Fenchel BP and predictive coding take any differentiable map and activation."""
     net = _maxpool_sigmoid_net()

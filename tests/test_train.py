@@ -115,7 +115,8 @@ def test_config_rejects_unknown_keys():
         TrainConfig.from_dict({"data": "digits", "lrr": 0.1})
 
 
-@pytest.mark.parametrize("rule", ["contrastive", "eqprop", "lifted-j0", "pc", "lifted-fenchel", "fenchel-bp"])
+@pytest.mark.parametrize("rule", ["contrastive", "eqprop", "lifted-j0", "pc", "lifted-fenchel", "fenchel-bp", "mac",
+                                  "lpom"])
 def test_resume_is_exact_for_every_rule(tmp_path, rule):
     """Rules keep no state between calls (no solver caches), so 1 + 1 resumed epochs equal 2 epochs
     exactly, metric for metric. Guards against state outside the checkpoint (the old λ cache)."""

@@ -109,6 +109,33 @@ class Group:
         self._wait(loss_work)
         return float(loss_t)
 
+    def share_sample_state(self, rule, rows: torch.Tensor) -> None:
+        """After a step on the global batch ``rows``, give every rank every shard's per-sample rule state.
+
+        Each rank packs its shard's rows (:meth:`~inferlearn.rules.base.Rule.sample_state`), pads them to
+        the largest shard, and one all-gather hands them to all; each rank stores the others' rows.
+        """
+        shards = torch.tensor_split(rows, self.world)
+        mine = rule.sample_state(shards[self.rank]) if len(shards[self.rank]) else None
+        width = torch.tensor([0 if mine is None else mine.shape[1]], dtype=torch.float64)
+        self._wait(self._all_reduce(width, async_op=True, op=dist.ReduceOp.MAX))   # 0 until a rank holds state
+        width = int(width)
+        if width == 0:
+            return
+        size = max(len(s) for s in shards)
+        buf = torch.zeros(size, width, dtype=torch.float64)
+        if mine is not None:
+            buf[:mine.shape[0]] = mine.to(torch.float64)
+        parts = [torch.empty_like(buf) for _ in range(self.world)]
+        try:
+            work = dist.all_gather(parts, buf, async_op=True)
+        except RuntimeError as exc:
+            raise self._failure(exc) from None
+        self._wait(work)
+        for r, (shard, part) in enumerate(zip(shards, parts)):
+            if r != self.rank and len(shard):
+                rule.set_sample_state(shard, part[:len(shard)])
+
     def all_sum(self, values: Iterable[float]) -> list[float]:
         """Sum a few scalars over the ranks (float64)."""
         values = list(values)
@@ -134,9 +161,9 @@ class Group:
     def _device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
-    def _all_reduce(self, t: torch.Tensor, async_op: bool):
+    def _all_reduce(self, t: torch.Tensor, async_op: bool, op=dist.ReduceOp.SUM):
         try:
-            return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=async_op)
+            return dist.all_reduce(t, op=op, async_op=async_op)
         except RuntimeError as exc:
             raise self._failure(exc) from None
 

@@ -12,7 +12,7 @@ generic paths in float64 (``tests/test_engine_generic.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -51,11 +51,13 @@ def dense_forward(chain: Chain, x: torch.Tensor) -> tuple[list[torch.Tensor], li
 
 @torch.no_grad()
 def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: str,
-                   local: LocalBackward) -> tuple[float, torch.Tensor]:
+                   local: LocalBackward | Sequence[LocalBackward]) -> tuple[float, torch.Tensor]:
     """Back-propagate the loss through a dense chain with ``δ_k = local(units, z_k, a_k, g_k)``.
 
     ``g_k = W_kᵀ δ_{k+1}`` is the gradient arriving at ``z_k``; ``δ_L`` is the per-sample output gradient
     (the output is linear). Weight gradients ``δ_{k+1} z_kᵀ / B`` (batch mean) accumulate into ``.grad``.
+    ``local`` is one function for every hidden layer or a sequence of ``L − 1``, one per hidden layer
+    ``k = 1 … L−1`` (e.g. Fenchel back-propagation with a per-layer ``β_k``).
 
     Returns:
         ``(loss, output)``.
@@ -71,7 +73,8 @@ def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: st
         if k > 0:
             link = chain.links[k - 1]
             g = delta.mm(chain.links[k].linear.weight)
-            delta = g if link.units.is_linear else local(link.units, zs[k], pres[k], g)
+            fn = local[k - 1] if isinstance(local, Sequence) else local
+            delta = g if link.units.is_linear else fn(link.units, zs[k], pres[k], g)
     accumulate_dense_grads(chain, grads)
     return float(value), out
 

@@ -11,7 +11,9 @@ from .fenchel import FenchelBackProp
 from .eqprop import EquilibriumPropagation
 from .predictive_coding import PredictiveCoding
 from .lifted_fenchel import LiftedFenchel
+from .mac import MAC
+from .lpom import LPOM
 
 __all__ = ["RULES", "Rule", "StepInfo", "accumulate_grad", "make_rule", "register_rule", "rule_options",
            "BackProp", "Contrastive", "LiftedJ0", "FenchelBackProp", "EquilibriumPropagation",
-           "PredictiveCoding", "LiftedFenchel"]
+           "PredictiveCoding", "LiftedFenchel", "MAC", "LPOM"]

@@ -17,6 +17,20 @@ Contract (checked for every registered rule on a model zoo by ``tests/test_rule_
 * a rule keeps no state between calls: its fields are its hyper-parameters, diagnostics travel in
   :attr:`StepInfo.extras`, and learning-rate schedules belong to ``torch.optim.lr_scheduler``.
 
+One extension, for methods whose variables live per training sample (MAC's auxiliary coordinates,
+which persist across epochs): a rule with :attr:`Rule.uses_sample_index` receives each batch's
+positions in the training set (``backward(model, x, labels, index=…)``), is told when an epoch starts
+(:meth:`Rule.begin_epoch`), and keeps that per-sample state in :meth:`Rule.state_dict`, which the
+training loop saves in every checkpoint and restores on ``--resume`` (so a resumed run stays exact).
+Called without ``index`` such a rule is stateless like every other::
+
+    for epoch in range(1, epochs + 1):
+        rule.begin_epoch(epoch, n_train)
+        for index in batches:                      # positions in the training set
+            opt.zero_grad()
+            rule.backward(model, x[index], labels[index], index=index)
+            opt.step()
+
 Gradients are of batch-mean objectives, so learning rates do not depend on the batch size.
 """
 from __future__ import annotations
@@ -73,13 +87,20 @@ class Rule(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: the rule keeps per-sample state and wants each batch's sample indices (see the module docstring)
+    uses_sample_index: ClassVar[bool] = False
 
-    def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+    def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
+                 index: torch.Tensor | None = None) -> StepInfo:
         """Validate the batch, then accumulate the rule's gradient into ``.grad`` of ``model``.
+
+        Args:
+            index: optional positions of the batch's samples in the training set (1-D integers, one
+                per input, distinct); only rules with :attr:`uses_sample_index` read them.
 
         Raises:
             ValueError: an empty batch, non-finite inputs, labels that are not 1-D integers, one per
-                input, within the model's outputs (the message says which).
+                input, within the model's outputs, a bad ``index`` (the message says which).
         """
         if not torch.is_tensor(x) or x.dim() < 2 or x.shape[0] == 0:
             raise ValueError(f"Expected a non-empty batch of inputs (batch, features...), got "
@@ -89,11 +110,47 @@ class Rule(abc.ABC):
         elif not has_only_finite(x):
             raise ValueError("Input contains NaN or inf values")
         check_labels(labels, getattr(model, "out_features", None), batch=x.shape[0])
+        if index is not None and self.uses_sample_index:
+            return self._backward(model, x, labels, index=check_index(index, x.shape[0]))
         return self._backward(model, x, labels)
+
+    def begin_epoch(self, epoch: int, n_samples: int) -> None:
+        """Called by the training loop before epoch ``epoch`` (1-based) over ``n_samples`` training
+        samples; a no-op for rules without per-sample state."""
+
+    def state_dict(self) -> dict:
+        """The rule's per-sample state, saved in checkpoints (empty for stateless rules)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (``--resume``)."""
+
+    def sample_state(self, index: torch.Tensor) -> torch.Tensor | None:
+        """The per-sample state of the samples ``index`` as rows ``(len(index), D)`` (``None``: none).
+
+        Data-parallel runs gather these rows after every step, so that every process holds every
+        sample's state (:meth:`inferlearn.distributed.Group.share_sample_state`).
+        """
+        return None
+
+    def set_sample_state(self, index: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store rows made by :meth:`sample_state` (of any process) for the samples ``index``."""
 
     @abc.abstractmethod
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         """Compute and accumulate gradients for a validated batch."""
+
+
+def check_index(index, batch: int) -> torch.Tensor:
+    """Validate sample indices: a 1-D tensor of ``batch`` distinct non-negative integers."""
+    ok = (torch.is_tensor(index) and index.dim() == 1 and index.shape[0] == batch
+          and not index.is_floating_point() and index.dtype != torch.bool)
+    if not ok:
+        raise ValueError(f"Invalid index: expected a 1-D integer tensor of {batch} sample positions, got "
+                         f"{tuple(index.shape) if torch.is_tensor(index) else type(index).__name__}")
+    if bool((index < 0).any()) or index.unique().numel() != batch:
+        raise ValueError("Invalid index: sample positions must be distinct and non-negative")
+    return index
 
 
 RULES: dict[str, type[Rule]] = {}

@@ -26,6 +26,16 @@ Two ways in:
 β is measured against the *per-sample* loss gradient: the rule nudges by ``β · B · g`` for a batch
 of ``B`` samples whose batch-mean gradient is ``g``, so β does not depend on the batch size.
 
+**Layer-wise β_k.** The nested recursion of the paper has one nudging strength per level (docs/maths.md
+§B, "deeply nested problems": ``z̄_k = argmin E_k + β_k g_kᵀz``, ``g_{k-1} = (…)/β_k``), and nothing ties
+the levels together: the finite difference of layer ``k`` is taken with its own ``β_k``::
+
+    z̄_k = f(a_k − β_k g_k),   δ_k = (z_k − z̄_k) / β_k
+
+Give them as ``betas="0.1,0.05,0.02"`` (one per activation of the chain, from the input side: the
+``L − 1`` hidden layers of an MLP) or as a geometric schedule ``β_k = β · r^{k−1}`` (``beta_ratio=r``).
+Equal ``β_k`` are the global-β rule exactly; every ``β_k → 0`` is back-propagation.
+
 References:
     Zach, "Bilevel programs meet deep learning", Sec. 4.2 (Fenchel back-propagation) and Eq. 37
     (linearised surrogate); docs/maths.md §B.
@@ -33,20 +43,21 @@ References:
 from __future__ import annotations
 
 import copy
+import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
-from ..engine.chain import dense_chain
+from ..engine.chain import dense_chain, model_chain
 from ..engine.fused import dense_backward
 from ..engine.phases import check_beta
 from ..losses import check_loss, output_loss
 from ..units import Clamp, UnitSet
-from .base import Rule, StepInfo, register_rule
+from .base import Rule, StepInfo, check_positive, register_rule
 
 
 class _FenchelFn(torch.autograd.Function):
@@ -99,8 +110,11 @@ class FenchelActivation(nn.Module):
 CONVERTIBLE = (nn.ReLU, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.ReLU6, Clamp)
 
 
-def convert_activations(model: nn.Module, beta: float, inplace: bool = False) -> nn.Module:
+def convert_activations(model: nn.Module, beta: float | Sequence[float], inplace: bool = False) -> nn.Module:
     """Replace every supported activation module by a :class:`FenchelActivation` with ``β``.
+
+    ``beta`` may be a sequence: one β per convertible activation, in the order :func:`activation_order`
+    lists them (``model.modules()`` order, the forward order of an ``nn.Sequential``).
 
     Supported: ``nn.ReLU``, ``nn.ReLU6``, ``nn.Hardsigmoid``, ``nn.Hardtanh``, ``nn.Sigmoid``,
     ``nn.Tanh``, ``nn.LeakyReLU``, :class:`~inferlearn.units.Clamp` (and existing ``FenchelActivation`` modules, whose β is reset).
@@ -114,28 +128,78 @@ def convert_activations(model: nn.Module, beta: float, inplace: bool = False) ->
     Returns:
         the converted model. Raises ``ValueError`` if it contains no activation module to convert.
     """
-    beta = check_beta(beta)
+    betas = [check_beta(b) for b in beta] if isinstance(beta, Sequence) else None
+    beta = check_beta(beta) if betas is None else None
     if not inplace:
         memo = {id(p): p for p in model.parameters()}
         memo.update({id(b): b for b in model.buffers()})
         model = copy.deepcopy(model, memo)
     n = 0
-    # collect first: replacing while iterating would descend into the new wrappers
     # collect first (replacing while iterating would descend into the new wrappers), and read
     # _modules directly: named_children() skips a second use of the same activation instance
-    found = [(parent, name, child) for parent in model.modules(remove_duplicate=False)
-             if not isinstance(parent, FenchelActivation) for name, child in parent._modules.items() if child is not None]
+    found = [(parent, name, child) for parent, name, child in _activation_slots(model)
+             if isinstance(child, (FenchelActivation,) + CONVERTIBLE)]
+    if betas is not None and len(betas) != len(found):
+        raise ValueError(f"Invalid beta: {len(betas)} values for the {len(found)} convertible activations of "
+                         f"{type(model).__name__}")
     for parent, name, child in found:
+        b = beta if betas is None else betas[n]
         if isinstance(child, FenchelActivation):
-            child.beta = beta
-            n += 1
-        elif isinstance(child, CONVERTIBLE):
-            setattr(parent, name, FenchelActivation(child, beta))
-            n += 1
+            child.beta = b
+        else:
+            setattr(parent, name, FenchelActivation(child, b))
+        n += 1
     if n == 0 and not isinstance(model, FenchelActivation):
         raise ValueError(f"No activation module to convert in {type(model).__name__}; supported: "
                          f"{[c.__name__ for c in CONVERTIBLE]} (functional activations such as F.relu are not visible)")
     return model
+
+
+def _activation_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """``(parent, name, child)`` for every child slot, in ``model.modules()`` order (a shared module once per use)."""
+    return [(parent, name, child) for parent in model.modules(remove_duplicate=False)
+            if not isinstance(parent, FenchelActivation) for name, child in parent._modules.items() if child is not None]
+
+
+def activation_order(model: nn.Module) -> list[nn.Module]:
+    """The convertible activation modules of ``model`` in the order :func:`convert_activations` visits them."""
+    return [c for _, _, c in _activation_slots(model) if isinstance(c, (FenchelActivation,) + CONVERTIBLE)]
+
+
+BETA_MIN, BETA_MAX = 1e-30, 1e6   # outside, β or the nudge a − βg leave float32 (NaN or overflow)
+
+
+def parse_betas(value) -> tuple[float, ...] | None:
+    """``"0.1,0.05"`` (or a sequence of numbers) → ``(0.1, 0.05)``; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: ``Invalid betas: …`` for anything else, or a value outside ``[BETA_MIN, BETA_MAX]``.
+    """
+    if value is None:
+        return None
+    hint = "expected comma-separated positive numbers such as 0.1,0.05"
+    if isinstance(value, str):
+        try:
+            vals = [float(v) for v in value.split(",")]
+        except ValueError:
+            raise ValueError(f"Invalid betas: {value!r} ({hint})") from None
+    elif isinstance(value, Sequence) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                       for v in value):
+        vals = [float(v) for v in value]
+    else:
+        raise ValueError(f"Invalid betas: {value!r} ({hint})")
+    if not all(math.isfinite(v) and BETA_MIN <= v <= BETA_MAX for v in vals):
+        raise ValueError(f"Invalid betas: {value!r} (every β_k must lie in [{BETA_MIN:g}, {BETA_MAX:g}])")
+    return tuple(vals)
+
+
+def check_fenchel_beta(beta, name: str = "beta") -> float:
+    """β in ``[BETA_MIN, BETA_MAX]``: outside, β or the nudge ``a − βg`` leave float32 (``Invalid beta: …``)."""
+    beta = check_beta(beta)
+    if not BETA_MIN <= beta <= BETA_MAX:
+        raise ValueError(f"Invalid {name}: {beta:g} (must lie in [{BETA_MIN:g}, {BETA_MAX:g}]: β or the nudge a − βg "
+                         "would leave float32)")
+    return beta
 
 
 @register_rule
@@ -147,6 +211,10 @@ class FenchelBackProp(Rule):
         beta: ``β > 0``, measured against the per-sample loss gradient; ``β → 0`` is
             back-propagation.
         loss: ``"quadratic"`` (default) or ``"cross-entropy"``.
+        betas: layer-wise ``β_k``, comma-separated (``"0.1,0.05,0.02"``), one per activation of the
+            model's chain from the input side (an MLP's ``L − 1`` hidden layers; a non-linear output
+            activation takes one more); overrides ``beta``. A wrong count is refused when the model is seen.
+        beta_ratio: a geometric schedule ``β_k = β · r^{k−1}`` (``r > 0``); not with ``betas``.
 
     References:
         Zach, bilevel paper, Sec. 4.2; docs/maths.md §B "Fenchel back-propagation".
@@ -161,22 +229,71 @@ class FenchelBackProp(Rule):
     name = "fenchel-bp"
     beta: float = 0.1
     loss: str = "quadratic"
+    betas: str | None = None
+    beta_ratio: float | None = None
 
     def __post_init__(self) -> None:
-        check_beta(self.beta)
+        check_fenchel_beta(self.beta)
         check_loss(self.loss)
+        self._betas = parse_betas(self.betas)
+        if self._betas is not None:
+            self.betas = ",".join(f"{b:g}" for b in self._betas)   # canonical, JSON-clean (config.json)
+        if self.beta_ratio is not None:
+            check_positive("beta_ratio", self.beta_ratio)
+            if self._betas is not None:
+                raise ValueError("Invalid options: give either betas or beta_ratio, not both")
+
+    def layer_betas(self, n: int) -> list[float] | None:
+        """The ``n`` layer-wise ``β_k`` (``None``: one global β).
+
+        Raises:
+            ValueError: ``betas`` has another count than the model's ``n`` activation layers.
+        """
+        if self._betas is not None:
+            if len(self._betas) != n:
+                raise ValueError(f"Invalid betas: {len(self._betas)} values ({self.betas}) for a model with {n} "
+                                 f"activation layers; give one β_k per layer")
+            return list(self._betas)
+        if self.beta_ratio is not None:
+            try:
+                return [check_fenchel_beta(self.beta * self.beta_ratio ** k, "beta_ratio") for k in range(n)]
+            except OverflowError:
+                raise ValueError(f"Invalid beta_ratio: {self.beta_ratio:g} (β·r^(k−1) overflows)") from None
+        return None
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain = dense_chain(model)
+        layerwise = self._betas is not None or self.beta_ratio is not None
         if chain is not None:
-            loss, out = dense_backward(chain, x, labels, self.loss, partial(_fenchel_local, beta=self.beta))
+            betas = self.layer_betas(chain.depth - 1) if layerwise else None
+            local = (partial(_fenchel_local, beta=self.beta) if betas is None
+                     else [partial(_fenchel_local, beta=b) for b in betas])
+            loss, out = dense_backward(chain, x, labels, self.loss, local)
             return StepInfo(loss=loss, output=out)
-        conv = converted_model(model, self.beta)
+        conv = converted_model(model, self._module_betas(model) if layerwise else self.beta)
         with torch.enable_grad():
             output = conv(x)
             loss = output_loss(self.loss, output, labels)
             loss.backward()
         return StepInfo(loss=float(loss.detach()), output=output.detach())
+
+
+    def _module_betas(self, model: nn.Module) -> tuple[float, ...]:
+        """The layer-wise β of each convertible activation module, in :func:`activation_order`."""
+        try:
+            chain = model_chain(model)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"Invalid betas for {type(model).__name__}: layer-wise β needs a model read as a chain "
+                             f"({exc})") from None
+        acts = [link.activation for link in chain.links[:-1]]
+        if not chain.linear_output:
+            acts.append(chain.links[-1].activation)
+        betas = self.layer_betas(len(acts))
+        pairs = [(a, b) for a, b in zip(acts, betas) if isinstance(a, (FenchelActivation,) + CONVERTIBLE)]
+        if [id(a) for a, _ in pairs] != [id(a) for a in activation_order(model)]:
+            raise ValueError(f"Invalid betas for {type(model).__name__}: its activation modules are registered in "
+                             "another order than its forward pass applies them; use one global beta")
+        return tuple(b for _, b in pairs)
 
 
 def _fenchel_local(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
@@ -187,14 +304,15 @@ def _fenchel_local(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Te
 _CONVERTED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def converted_model(model: nn.Module, beta: float) -> nn.Module:
-    """A parameter-sharing copy of ``model`` with its activations converted for ``β`` (cached per model and β).
+def converted_model(model: nn.Module, beta: float | Sequence[float]) -> nn.Module:
+    """A parameter-sharing copy of ``model`` with its activations converted for ``β`` (cached per model and β;
+    a sequence gives each activation its own, as in :func:`convert_activations`).
 
     The copy is rebuilt when the model's modules change (a cache, not rule state: the result is a
     function of the model and β).
     """
     per_model = _CONVERTED.setdefault(model, {})
-    key = (beta, tuple(id(m) for m in model.modules()))
+    key = (tuple(beta) if isinstance(beta, Sequence) else beta, tuple(id(m) for m in model.modules()))
     conv = per_model.get(key)
     if conv is None:
         per_model.clear()

@@ -12,7 +12,9 @@ gradient sweeps from the forward pass, each layer's step ``η/(w_k + w_{k+1}‖A
 (:class:`~inferlearn.engine.solvers.BlockProjectedGradient` with ``safe_steps``). The gradient of
 layer ``k`` is divided by its term weight ``w_k`` (as :class:`~inferlearn.rules.lifted.LiftedJ0`
 does). This is the lifted Fenchel network / LPOM row of the taxonomy, which does *not* contain
-back-propagation as a limit case. Any chain of affine maps with box units.
+back-propagation as a limit case. Any chain of affine maps with box units. LPOM's own updates
+(closed-form output, fixed-point block updates, the exact gradient of its objective) are the rule
+:class:`~inferlearn.rules.lpom.LPOM` (``lpom``).
 
 References:
     Gu et al. (2020), Fenchel lifted networks; Li et al. (2019), LPOM; Zach, "Bilevel programs meet

@@ -38,6 +38,19 @@ from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
 
 
+def penalty_energy(chain: Chain, output_weight: float) -> LayeredEnergy:
+    """``F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖z_L − f_L(a_L)‖²``: hidden terms weight 1, the output ``π``."""
+    return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [output_weight])
+
+
+def check_inference_finite(name: str, chain: Chain, hidden, steps: int, step_size: float) -> None:
+    """Raise :class:`ConvergenceError` when gradient-step inference left non-finite value nodes or gradients."""
+    grads = [p.grad.sum() for link in chain.links for p in link.parameters() if p.grad is not None]
+    if not all(bool(torch.isfinite(h.sum())) for h in hidden) or not bool(torch.isfinite(torch.stack(grads).sum())):
+        raise ConvergenceError(f"{name}: inference diverged (non-finite value nodes after {steps} steps); "
+                               f"lower step_size (now {step_size:g})")
+
+
 @register_rule
 @dataclass
 class PredictiveCoding(Rule):
@@ -69,7 +82,7 @@ class PredictiveCoding(Rule):
 
     def energy(self, chain: Chain) -> LayeredEnergy:
         """The penalty energy of a chain (hidden terms weight 1, the output term ``π``)."""
-        return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [self.output_weight])
+        return penalty_energy(chain, self.output_weight)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self._chain(model)
@@ -109,9 +122,6 @@ class PredictiveCoding(Rule):
             hidden, info = self._solver.solve(problem)
             it = info.iterations
             problem.accumulate_weight_grads(hidden, 1.0 / (B * pi))
-        grads = [p.grad.sum() for link in chain.links for p in link.parameters() if p.grad is not None]
-        if not all(bool(torch.isfinite(h.sum())) for h in hidden) or not bool(torch.isfinite(torch.stack(grads).sum())):
-            raise ConvergenceError(f"{self.name}: inference diverged (non-finite value nodes after {it} steps); "
-                                   f"lower step_size (now {self.step_size:g})")
+        check_inference_finite(self.name, chain, hidden, it, self.step_size)
         return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(),
                         extras={"inference_steps": it, "hidden": [h.detach() for h in hidden]})

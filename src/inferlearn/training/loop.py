@@ -15,7 +15,7 @@ Output folder::
 
     config.json      the TrainConfig (resume with ``inferlearn train --resume DIR``)
     metrics.jsonl    one JSON object per epoch
-    checkpoint.pt    model, optimiser, epoch and metric history (written atomically)
+    checkpoint.pt    model, optimiser, epoch, metric history and the rule's per-sample state (written atomically)
     curves.png       learning curves
 """
 from __future__ import annotations
@@ -94,6 +94,8 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             run's first mini-batch loss (``s.first_loss``), naming the epoch and step.
     """
     s.model.train()
+    s.rule.begin_epoch(epoch, s.train_x.shape[0])
+    indexed = s.rule.uses_sample_index   # per-sample rule state (MAC): pass the batch's positions
     order = batch_order(s.train_x.shape[0], config.seed, epoch).to(s.train_x.device)
     steps = math.ceil(len(order) / config.batch_size)
     total = 0.0
@@ -105,8 +107,11 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
         idx = order[step * config.batch_size:(step + 1) * config.batch_size]
         mine = group.shard(idx)
         s.optimizer.zero_grad(set_to_none=True)
-        loss = s.rule.backward(s.model, s.train_x[mine], s.train_y[mine]).loss if len(mine) else 0.0
+        loss = s.rule.backward(s.model, s.train_x[mine], s.train_y[mine],
+                               index=mine if indexed else None).loss if len(mine) else 0.0
         loss = group.average_gradients(params, len(mine), len(idx), loss)
+        if indexed and group.distributed:   # every rank keeps every sample's state: share this step's rows
+            group.share_sample_state(s.rule, idx)
         if s.first_loss is None:
             s.first_loss = loss
         loss_ref = s.first_loss
@@ -156,7 +161,8 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
 
 def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
     return {"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
-            "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss}
+            "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss,
+            "rule_state": s.rule.state_dict()}
 
 
 def train(config: TrainConfig, progress: bool = True, resume: bool = False, log: Callable[[str], None] | None = print,
@@ -198,6 +204,7 @@ def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log,
         s.optimizer.load_state_dict(ckpt["optimizer"])
         if "scheduler" in ckpt:
             s.scheduler.load_state_dict(ckpt["scheduler"])
+        s.rule.load_state_dict(ckpt.get("rule_state", {}))
         start, history, s.first_loss = ckpt["epoch"], ckpt["history"], ckpt.get("first_loss")
         if start > config.epochs:
             raise RunFolderError(f"{folder.path} already holds {start} epochs, more than the {config.epochs} asked "

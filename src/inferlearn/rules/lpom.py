@@ -1,0 +1,182 @@
+"""Lifted proximal operator machines (LPOM): layer-wise fixed-point updates of the activations, and the weights.
+
+LPOM (Li et al. 2019) writes an activation ``φ`` that is a proximal operator, ``φ = prox_f``, through two
+integrals of it, ``f(x) = ∫_0^x (φ^{-1}(s) − s) ds`` and ``g(a) = ∫_0^a (φ(s) − s) ds``, and penalises each
+layer by (docs/maths.md §B, taxonomy row "LPOM, lifted Fenchel nets")::
+
+    h(z, a) = f(z) + g(a) + ½‖z − a‖²  ≥ 0,   = 0 exactly when z = φ(a)
+
+(``F = f + ½‖·‖²`` and ``G = g + ½‖·‖²`` are convex conjugates, so ``h = F(z) + G(a) − zᵀa`` is a
+Fenchel–Young gap). For the box units of this library ``φ = Π_C`` (ReLU, hard sigmoid, hard tanh,
+ReLU6, linear), ``f = ι_C`` and ``g(a) = ∫_0^a (Π_C(s) − s) ds = −½ dist(a, C)²`` (for ``0 ∈ C``;
+:func:`integral_potential`), which is the engine's ``fenchel`` term
+(:class:`~inferlearn.engine.layered.LayeredEnergy`). Per sample, with a linear output layer and the
+quadratic loss, LPOM minimises over the activations ``z_1 … z_L`` and the weights::
+
+    J(W, z) = ½‖z_L − y‖² + μ Σ_{k=1}^{L} h_k(z_k, a_k),   a_k = A_k(z_{k−1}) = W_{k−1} z_{k−1} + b_{k−1},  z_0 = x
+
+with ``h_L = ½‖z_L − a_L‖²`` (``φ_L`` the identity). It is convex in each ``z_k`` with the others fixed,
+and LPOM updates the activations **block by block** (here top-down, from the forward pass):
+
+* output, in closed form: ``z_L = (μ a_L + y) / (μ + 1)``;
+* hidden layer ``k``, LPOM's fixed-point iteration for ``0 ∈ ∂_{z_k} J``
+  (``φ^{-1}(z_k) − a_k + A_{k+1}ᵀ(φ(a_{k+1}) − z_{k+1}) ∋ 0``)::
+
+      z_k ← φ( a_k − A_{k+1}ᵀ (φ(A_{k+1} z_k + b_k) − z_{k+1}) )
+
+  a contraction when ``‖A_{k+1}‖² < 1`` (``φ`` is 1-Lipschitz). Beyond that the update is damped to
+  ``z_k ← Π_C( (1−t) z_k + t (a_k − A_{k+1}ᵀ(φ(a_{k+1}) − z_{k+1})) )`` with ``t = 1/‖A_{k+1}‖²``, the
+  projected-gradient step on the same subproblem, which converges for every ``W``
+  (:meth:`~inferlearn.engine.layered.LayeredProblem.block_step`, ``t = 1`` is LPOM's update).
+
+The weights minimise ``J`` at the fixed activations, layer by layer; the rule gives the gradient
+(``∇g = φ − id``, so the ``g`` term turns the regression residual into ``φ(a_k) − z_k``)::
+
+    ∇_{W_{k−1}} J / B = (μ / B) Σ_n (φ_k(a_{k,n}) − z_{k,n}) z_{k−1,n}ᵀ,   ∇_{b_{k−1}} likewise
+
+and the optimiser steps (LPOM's own W-update is this gradient step). Any chain of affine maps with
+box units (conv nets included, through the generic engine's adjoints).
+
+References:
+    Li, Fang, Chen & Lin, "Lifted proximal operator machines" (AAAI 2019), Eqs. 4–6 (the penalty
+    from the integrals of φ), the fixed-point update of the activations and the weight update; Zach,
+    "Bilevel programs meet deep learning", Table 1 (LPOM row); Gu et al. (2020), Fenchel lifted
+    networks (:class:`~inferlearn.rules.lifted_fenchel.LiftedFenchel` solves the same gap energy with a
+    clamped output and block gradient sweeps).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..engine.chain import AFFINE, Chain, model_chain
+from ..engine.layered import LayeredEnergy, LayeredProblem, operator_norm_sq
+from ..engine.solvers import finish
+from ..losses import one_hot, quadratic_loss
+from ..units import UnitSet
+from .base import Rule, StepInfo, check_positive, register_rule
+
+
+MU_LIMIT = 1e8
+
+
+def integral_potential(units: UnitSet | None, a: torch.Tensor) -> torch.Tensor:
+    """``g(a) = ∫_0^a (φ(s) − s) ds`` element-wise for ``φ = Π_C``: ``−½ dist(a, C)²`` (exact for ``0 ∈ C``;
+    otherwise up to a constant). ``None`` (a linear unit) gives 0."""
+    if units is None or units.is_linear:
+        return torch.zeros_like(a)
+    return -0.5 * (units.project(a) - a).pow(2)
+
+
+def lpom_penalty(units: UnitSet | None, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Per-row ``h(z, a) = f(z) + g(a) + ½‖z − a‖²`` for a feasible ``z ∈ C`` (``f = ι_C`` is 0 there)."""
+    return (integral_potential(units, a) + 0.5 * (z - a).pow(2)).flatten(1).sum(1)
+
+
+@register_rule
+@dataclass
+class LPOM(Rule):
+    """LPOM: ``½‖z_L − y‖² + μ Σ_k [f(z_k) + g(a_k) + ½‖z_k − a_k‖²]``, block fixed-point updates of ``z``.
+
+    Args:
+        mu: the penalty weight ``μ > 0`` of every layer.
+        sweeps: top-down sweeps over the layers (output first), from the forward pass; 0 keeps it.
+        inner: fixed-point iterations per hidden layer and sweep.
+        tol: stop early when a sweep moves no activation by more than ``tol`` (warns if ``sweeps`` run
+            out first); ``None``: exactly ``sweeps`` sweeps.
+
+    ``StepInfo.extras``: ``inference_steps`` (sweeps done), ``solver_residual`` (the largest move of the
+    last sweep), ``hidden`` and ``output`` (the inferred ``z_1 … z_{L−1}`` and ``z_L``).
+
+    References:
+        Li et al. (2019), LPOM; Zach, bilevel paper, Table 1.
+    """
+
+    name = "lpom"
+    mu: float = 1.0
+    sweeps: int = 10
+    inner: int = 3
+    tol: float | None = None
+
+    def __post_init__(self) -> None:
+        check_positive("mu", self.mu)
+        if self.mu > MU_LIMIT:
+            raise ValueError(f"Invalid mu: {self.mu} (at most {MU_LIMIT:g}; beyond, μ(φ(a) − z) is all rounding error)")
+        for key in ("sweeps", "inner"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "sweeps" else 1):
+                raise ValueError(f"Invalid {key}: {v}")
+        if self.tol is not None:
+            check_positive("tol", self.tol)
+
+    def energy(self, chain: Chain) -> LayeredEnergy:
+        """``μ Σ_k h_k``: the engine's Fenchel–Young-gap terms (``h_k`` for box units), every weight ``μ``."""
+        return LayeredEnergy(chain, "fenchel", [self.mu] * chain.depth)
+
+    def output_update(self, a_top: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``argmin_z ½‖z − y‖² + (μ/2)‖z − a_L‖² = (μ a_L + y) / (μ + 1)``."""
+        return (self.mu * a_top + y) / (self.mu + 1.0)
+
+    def layer_steps(self, problem: LayeredProblem, hidden: list[torch.Tensor]) -> list[float]:
+        """``t_k = min(1, 1/‖A_{k+1}‖²)`` per hidden layer (1: LPOM's fixed-point update)."""
+        e = problem.energy
+        return [min(1.0, 1.0 / max(operator_norm_sq(e.link(k + 1), hidden[k - 1].shape[1:], hidden[k - 1].dtype,
+                                                     hidden[k - 1].device), 1e-30))
+                for k in range(1, problem.depth)]
+
+    @torch.no_grad()
+    def block_update(self, problem: LayeredProblem, hidden: list[torch.Tensor], k: int, iterations: int,
+                     t: float, adjoint=None) -> float:
+        """``iterations`` fixed-point updates of hidden layer ``k`` (``z_{k±1}`` and the output
+        ``problem.target`` fixed), in place in ``hidden``; returns the largest move."""
+        e, L = problem.energy, problem.depth
+        zs = [problem.x, *hidden]
+        pre = [None] * (L + 1)
+        pre[k] = problem.a1 if k == 1 else e.link(k).map(zs[k - 1])
+        adjoint = problem.adjoints(hidden)[k + 1] if adjoint is None else adjoint
+        units = e.link(k).units
+        move = 0.0
+        for _ in range(iterations):
+            pre[k + 1] = e.link(k + 1).map(hidden[k - 1])
+            new = problem.block_step(k, hidden, pre, adjoint, t, units)
+            move = max(move, float((new - hidden[k - 1]).abs().max()))
+            hidden[k - 1] = new
+        return move
+
+    @torch.no_grad()
+    def infer(self, problem: LayeredProblem, y: torch.Tensor) -> tuple[list[torch.Tensor], int, float]:
+        """LPOM's activations for ``problem`` (built with ``target`` = any tensor of the output's shape;
+        on return ``problem.target`` holds ``z_L``). Returns ``(hidden, sweeps done, last move)``."""
+        e, L = problem.energy, problem.depth
+        hidden = [h.clone() for h in problem.forward_state()[0]]
+        top = lambda: e.link(L).map(hidden[-1] if hidden else problem.x)   # noqa: E731
+        problem.target = self.output_update(top(), y)
+        it, move = 0, 0.0
+        if L > 1 and self.sweeps:
+            adjoints = problem.adjoints(hidden)
+            steps = self.layer_steps(problem, hidden)
+            for it in range(1, self.sweeps + 1):
+                move = 0.0
+                for k in range(L - 1, 0, -1):
+                    move = max(move, self.block_update(problem, hidden, k, self.inner, steps[k - 1], adjoints[k + 1]))
+                problem.target = self.output_update(top(), y)
+                if self.tol is not None and move <= self.tol:
+                    break
+        return hidden, it, move
+
+    def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        chain = model_chain(model, AFFINE, self.name)
+        B, L = x.shape[0], chain.depth
+        free = LayeredProblem(self.energy(chain), x)
+        output = free.forward_state()[1][L]
+        y = one_hot(labels, output.shape[1], x.dtype)
+        problem = free.stacked(1, target=y)           # all rows clamped: the output z_L is problem.target
+        hidden, it, move = self.infer(problem, y)
+        if self.tol is not None and it:
+            finish(self.name, problem, hidden, it, self.tol, "warn", residual=move)
+        problem.accumulate_weight_grads(hidden, 1.0 / B)   # ∇_θ μ Σ_k h_k at the fixed z (the loss has no θ)
+        return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(),
+                        extras={"inference_steps": it, "solver_residual": move,
+                                "hidden": [h.detach() for h in hidden], "output": problem.target.detach()})
