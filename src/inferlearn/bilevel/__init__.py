@@ -7,7 +7,10 @@ from ..units import Box
 from .layer import (AcceleratedProjectedGradient, ArgminLayer, BackwardInfo, Energy, FunctionEnergy,
                     LeastSquaresEnergy, ProjectedGradient, ProximalEnergy, QuadraticEnergy, argmin,
                     conjugate_gradient, contrastive_surrogate, solve)
+from .constrained import (AugmentedLagrangian, ConstrainedArgminLayer, Constraints, constrained_surrogate,
+                          solve_constrained)
 
-__all__ = ["AcceleratedProjectedGradient", "ArgminLayer", "BackwardInfo", "Box", "Energy", "FunctionEnergy",
+__all__ = ["AcceleratedProjectedGradient", "ArgminLayer", "AugmentedLagrangian", "ConstrainedArgminLayer",
+           "Constraints", "constrained_surrogate", "solve_constrained", "BackwardInfo", "Box", "Energy", "FunctionEnergy",
            "LeastSquaresEnergy", "ProjectedGradient", "ProximalEnergy", "QuadraticEnergy", "argmin",
            "conjugate_gradient", "contrastive_surrogate", "solve"]
