@@ -9,8 +9,9 @@ from .layer import (AcceleratedProjectedGradient, ArgminLayer, BackwardInfo, Ene
                     conjugate_gradient, contrastive_surrogate, solve)
 from .constrained import (AugmentedLagrangian, ConstrainedArgminLayer, Constraints, constrained_surrogate,
                           solve_constrained)
+from .duality import dual_objective, dual_surrogate, solve_joint
 
 __all__ = ["AcceleratedProjectedGradient", "ArgminLayer", "AugmentedLagrangian", "ConstrainedArgminLayer",
-           "Constraints", "constrained_surrogate", "solve_constrained", "BackwardInfo", "Box", "Energy", "FunctionEnergy",
+           "Constraints", "constrained_surrogate", "solve_constrained", "dual_objective", "dual_surrogate", "solve_joint", "BackwardInfo", "Box", "Energy", "FunctionEnergy",
            "LeastSquaresEnergy", "ProjectedGradient", "ProximalEnergy", "QuadraticEnergy", "argmin",
            "conjugate_gradient", "contrastive_surrogate", "solve"]
