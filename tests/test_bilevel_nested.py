@@ -137,7 +137,7 @@ def test_bottomup_approaches_backprop_only_with_increasing_betas(act):
     m, x, y = _net(ACTS[act])
     bp = _bp(m, x, y)
     equal = [_rel_err(_grads(m, bottomup_surrogate, x, y, b)[1], bp) for b in (0.02, 0.01, 0.005)]
-    assert min(equal) > 0.2 and equal[-1] > 0.8 * equal[0], equal
+    assert min(equal) > 0.15 and equal[-1] > 0.8 * equal[0], equal
     geo = [_rel_err(_grads(m, bottomup_surrogate, x, y, layer_betas(b, 3, b))[1], bp) for b in (0.02, 0.01, 0.005)]
     assert geo[-1] < 0.05
     for e0, e1 in zip(geo, geo[1:]):

@@ -16,8 +16,8 @@ from .constrained import (AugmentedLagrangian, ConstrainedArgminLayer, Constrain
 from .duality import dual_objective, dual_surrogate, solve_joint
 from .nested import NestedSurrogate, bottomup_surrogate, layer_betas, topdown_surrogate
 
-__all__ = ["AcceleratedProjectedGradient", "ArgminLayer", "AugmentedLagrangian", "ConstrainedArgminLayer",
-           "Constraints", "constrained_surrogate", "solve_constrained", "dual_objective", "dual_surrogate", "solve_joint",
-           "NestedSurrogate", "bottomup_surrogate", "layer_betas", "topdown_surrogate", "BackwardInfo", "Box", "Energy", "FunctionEnergy",
-           "LeastSquaresEnergy", "ProjectedGradient", "ProximalEnergy", "QuadraticEnergy", "argmin",
-           "conjugate_gradient", "contrastive_surrogate", "solve"]
+__all__ = ["AcceleratedProjectedGradient", "ArgminLayer", "AugmentedLagrangian", "BackwardInfo", "Box",
+           "ConstrainedArgminLayer", "Constraints", "Energy", "FunctionEnergy", "LeastSquaresEnergy", "NestedSurrogate",
+           "ProjectedGradient", "ProximalEnergy", "QuadraticEnergy", "argmin", "bottomup_surrogate", "conjugate_gradient",
+           "constrained_surrogate", "contrastive_surrogate", "dual_objective", "dual_surrogate", "layer_betas", "solve",
+           "solve_constrained", "solve_joint", "topdown_surrogate"]

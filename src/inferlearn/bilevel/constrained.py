@@ -24,7 +24,7 @@ constraints are strongly active (tested against the KKT system solved in float64
 stays defined at weakly active constraints like Prop. 2.
 
 Two entry points, both differentiable with respect to every input of the energy and of the constraints
-and to the parameters of either (when they are ``nn.Module``\\ s):
+and to the parameters of either (when they are ``nn.Module`` objects):
 
 * :func:`constrained_surrogate` evaluates ``L^β`` with the *full* loss ``ℓ`` (value and gradient);
 * :class:`ConstrainedArgminLayer` is the argmin layer for such problems: forward ``z*``, backward the
