@@ -80,7 +80,7 @@ def main(argv=None) -> int:
             res.value.backward()
             secs = time.perf_counter() - t0
             err, cos = compare(grads())
-            rows.append((beta, label, err, cos, float(res.value) - loss, secs, [s.iterations for s in res.solves]))
+            rows.append((beta, label, err, cos, float(res.value.detach()) - loss, secs, [s.iterations for s in res.solves]))
         model.zero_grad()
         t0 = time.perf_counter()
         make_rule("fenchel-bp", {"beta": beta}).backward(model, x, labels)

@@ -101,13 +101,13 @@ def test_gradient_is_the_derivative_of_the_value(act, which):
     h = 1e-5
     for p, gp in zip(m.parameters(), g):
         for j in (0, p.numel() // 2, p.numel() - 1):
-            old = float(p.view(-1)[j])
+            old = float(p.detach().view(-1)[j])
             with torch.no_grad():
                 p.view(-1)[j] = old + h
-            vp = float(fn(m, x, y, 0.3).value)
+            vp = float(fn(m, x, y, 0.3).value.detach())
             with torch.no_grad():
                 p.view(-1)[j] = old - h
-            vm = float(fn(m, x, y, 0.3).value)
+            vm = float(fn(m, x, y, 0.3).value.detach())
             with torch.no_grad():
                 p.view(-1)[j] = old
             assert float(gp.view(-1)[j]) == pytest.approx((vp - vm) / (2 * h), rel=1e-5, abs=1e-8)
@@ -123,7 +123,7 @@ def test_topdown_approaches_backprop_at_order_beta(act):
     errs = []
     for beta in (0.04, 0.02, 0.01, 0.005):
         res, g = _grads(m, topdown_surrogate, x, y, beta)
-        assert float(res.value) <= loss
+        assert float(res.value.detach()) <= loss
         errs.append(_rel_err(g, bp))
     assert errs[-1] < 0.1
     for e0, e1 in zip(errs, errs[1:]):

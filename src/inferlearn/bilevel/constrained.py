@@ -316,10 +316,8 @@ class ConstrainedArgminLayer(nn.Module):
         self.beta, self.nudging = check_beta(beta), check_nudging(nudging)
         self.energy, self.constraints, self.box = energy, constraints, _as_box(box)
         self.solver = solver or AugmentedLagrangian()
-        if isinstance(energy, nn.Module):
-            self.energy_module = energy
         if isinstance(constraints.fn, nn.Module):
-            self.constraint_module = constraints.fn
+            self.constraint_fn = constraints.fn     # its parameters are this layer's (the energy registers itself)
         self.last_forward: KKTInfo | None = None
         self.last_multipliers: torch.Tensor | None = None
         self.last_backward: list = []
