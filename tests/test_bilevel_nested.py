@@ -119,7 +119,7 @@ def test_topdown_approaches_backprop_at_order_beta(act):
     halve with β, and the value stays below the loss (the forward pass is feasible with zero gaps)."""
     m, x, y = _net(ACTS[act])
     bp = _bp(m, x, y)
-    loss = float(0.5 * (m(x) - y).pow(2).sum(1).mean())
+    loss = float(0.5 * (m(x) - y).pow(2).sum(1).mean().detach())
     errs = []
     for beta in (0.04, 0.02, 0.01, 0.005):
         res, g = _grads(m, topdown_surrogate, x, y, beta)
