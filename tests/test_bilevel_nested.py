@@ -174,3 +174,25 @@ def test_bad_input():
         topdown_surrogate(nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double(), x, y, 0.1)
     with pytest.raises(ValueError, match="gamma"):
         layer_betas(0.1, 3, 0.0)
+
+
+@pytest.mark.parametrize("which", ["topdown", "bottomup-increasing"])
+def test_conv_chain_approaches_backprop(which):
+    """Any affine chain: a conv net (Conv2d, ReLU, AvgPool, Flatten, Linear) through the engine's generic layered
+    path; the gradient error against autograd BP halves with β (L_GC with β_k = β·β^{L−k})."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Unflatten(1, (1, 6, 6)), nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+                      nn.Flatten(), nn.Linear(27, 8), nn.ReLU(), nn.Linear(8, 3)).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    x, y = torch.randn(4, 36, dtype=DT), torch.randn(4, 3, dtype=DT)
+    bp = _bp(m, x, y)
+    errs = []
+    for b in (0.02, 0.01, 0.005):
+        beta = b if which == "topdown" else layer_betas(b, 3, b)
+        fn = topdown_surrogate if which == "topdown" else bottomup_surrogate
+        errs.append(_rel_err(_grads(m, fn, x, y, beta)[1], bp))
+    assert errs[-1] < 0.05
+    for e0, e1 in zip(errs, errs[1:]):
+        assert 1.6 < e0 / e1 < 2.4, errs
