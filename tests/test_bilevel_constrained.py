@@ -87,6 +87,24 @@ def test_moving_lower_bound_matches_closed_form(nudging):
     assert torch.allclose(a.grad, up * (a > lo).detach(), atol=tol)
 
 
+def test_weakly_active_moving_bound_gets_the_one_sided_derivative():
+    """Prop. 2 with a θ-dependent bound: at a = lo the bound is weakly active (λ* = 0) and z* = max(a, lo) has no
+    derivative; the positive nudge's one-sided answer splits the loss gradient w between the two inputs:
+    lo receives max(w, 0) (the nudge pushes z into the bound, whose multiplier becomes βw) and a receives
+    min(w, 0) (the nudge moves z off the bound)."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(4, 5, generator=gen, dtype=DT)
+    lo = a.clone().requires_grad_(True)
+    a.requires_grad_(True)
+    w = torch.randn(4, 5, generator=gen, dtype=DT)
+    layer = ConstrainedArgminLayer(ProximalEnergy(), Constraints.lower_bounds(), beta=1e-3, nudging="positive",
+                                   solver=AugmentedLagrangian(tol=1e-11))
+    (w * layer(a, constraint_inputs=(lo,))).sum().backward()
+    assert float(layer.last_multipliers.abs().max()) < 1e-8
+    assert torch.allclose(lo.grad, w.clamp(min=0), atol=1e-6)
+    assert torch.allclose(a.grad, w.clamp(max=0), atol=1e-6)
+
+
 def test_layer_matches_kkt_implicit_differentiation():
     """Affine constraints A z ≤ b and a ball ‖z‖ ≤ r, every one of c, A, b, r a θ: the layer's symmetric
     contrastive gradient must equal implicit differentiation of the KKT system (two half-spaces and the
