@@ -91,6 +91,12 @@ class Energy(abc.ABC):
         """``argmin_{z ∈ box} E(z) + shiftᵀz`` in closed form, or ``None`` when there is none."""
         return None
 
+    def conjugate(self, s: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        """``E*(s) = sup_z sᵀz − E(z)`` per sample (of ``E`` without its box): the dual of the inner problem
+        (:mod:`inferlearn.bilevel.duality`). Energies without a closed form raise ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no convex conjugate; pass conjugate= to FunctionEnergy "
+                                  "or use an energy that has one")
+
     def initial(self, *inputs: torch.Tensor) -> torch.Tensor:
         """A starting point whose shape is the variable's shape."""
         raise ValueError(f"{type(self).__name__} cannot infer the shape of z; pass init= to the layer's forward")
@@ -118,6 +124,11 @@ class QuadraticEnergy(Energy):
 
     def lipschitz(self, Q, c):
         return float(torch.linalg.eigvalsh(0.5 * (Q + Q.mT).detach().double()).abs().max())
+
+    def conjugate(self, s, Q, c):
+        """``E*(s) = ½ (s + c)ᵀ Q⁻¹ (s + c)``."""
+        v = s + c
+        return 0.5 * (v * torch.linalg.solve(0.5 * (Q + Q.mT), v.mT).mT).sum(-1)
 
     def strong_convexity(self, Q, c) -> float:
         """``μ = λ_min(Q)`` (Prop. 3)."""
@@ -151,6 +162,10 @@ class ProximalEnergy(Energy):
 
     def lipschitz(self, a):
         return 1.0
+
+    def conjugate(self, s, a):
+        """``E*(s) = ½‖s‖² + sᵀa``."""
+        return 0.5 * s.pow(2).sum(-1) + (s * a).sum(-1)
 
     def closed_form(self, box, shift, a):
         return box.project(a if shift is None else a - shift)
@@ -190,6 +205,13 @@ class LeastSquaresEnergy(nn.Module, Energy):
     def lipschitz(self, y):
         return float(torch.linalg.matrix_norm(self.D.detach().double(), ord=2) ** 2) + self.ridge
 
+    def conjugate(self, s, y):
+        """``E*(s) = ½ (s + Dᵀy)ᵀ (DᵀD + ridge·I)⁻¹ (s + Dᵀy) − ½‖y‖²`` (needs ``ridge > 0`` or ``D`` of full
+        column rank)."""
+        P = self.D.mT @ self.D + self.ridge * torch.eye(self.D.shape[1], dtype=self.D.dtype, device=self.D.device)
+        v = s + y @ self.D
+        return 0.5 * (v * torch.linalg.solve(P, v.mT).mT).sum(-1) - 0.5 * y.pow(2).sum(-1)
+
     def initial(self, y):
         return y.new_zeros(y.shape[:-1] + (self.D.shape[1],))
 
@@ -204,15 +226,25 @@ class FunctionEnergy(Energy):
         lipschitz: a Lipschitz constant of ``∇_z fn`` if known (else backtracking).
         convex: whether ``fn`` is convex in ``z`` (informational; non-convexity that the solvers
             notice is reported either way).
+        conjugate: ``conjugate(s, *inputs) -> (batch,)``, the convex conjugate ``fn*`` if known (for the
+            dual, min–min–min form of :mod:`inferlearn.bilevel.duality`).
     """
 
     def __init__(self, fn: Callable[..., torch.Tensor], init: Callable[..., torch.Tensor] | None = None,
-                 lipschitz: float | None = None, convex: bool = True):
+                 lipschitz: float | None = None, convex: bool = True,
+                 conjugate: Callable[..., torch.Tensor] | None = None):
         if not callable(fn):
             raise TypeError(f"FunctionEnergy needs a callable, got {type(fn).__name__}")
         if lipschitz is not None and not (math.isfinite(lipschitz) and lipschitz > 0):
             raise ValueError(f"Invalid lipschitz: {lipschitz}")
-        self.fn, self._init, self._lipschitz, self.convex = fn, init, lipschitz, convex
+        if conjugate is not None and not callable(conjugate):
+            raise TypeError(f"conjugate must be callable, got {type(conjugate).__name__}")
+        self.fn, self._init, self._lipschitz, self.convex, self._conjugate = fn, init, lipschitz, convex, conjugate
+
+    def conjugate(self, s, *inputs):
+        if self._conjugate is None:
+            return super().conjugate(s, *inputs)
+        return self._conjugate(s, *inputs)
 
     def value(self, z, *inputs):
         e = self.fn(z, *inputs)
