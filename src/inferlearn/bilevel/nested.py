@@ -155,13 +155,8 @@ def bottomup_surrogate(model: nn.Module, x: torch.Tensor, target: torch.Tensor, 
                        solver: Solver | None = None) -> NestedSurrogate:
     """The bottom-up (global contrastive) surrogate ``L_GC = min_z [ℓ + Σ E_k/β_k] − min_z Σ E_k/β_k``.
 
-    Args:
-        model: a chain of affine maps with box units and a linear output.
-        x: inputs (rows = samples).
-        target: ``y``, the output's target.
-        beta: ``β > 0`` for every level, or one ``β_k`` per layer; approaches back-propagation only for
-            ``β_1 ≪ … ≪ β_L`` (:func:`layer_betas` with ``γ → 0``).
-        solver: an engine solver for the lifted problems.
+    The arguments are those of :func:`topdown_surrogate`, with the solver working on the lifted problems.
+    ``L_GC`` approaches back-propagation only for ``β_1 ≪ … ≪ β_L`` (:func:`layer_betas` with ``γ → 0``).
     """
     chain = _setup(model, x, target, "bottomup_surrogate")
     betas = _betas(beta, chain.depth)
