@@ -104,7 +104,7 @@ class Link:
     units: UnitSet | None
     names: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def linear(self) -> nn.Linear | None:
         """The ``nn.Linear`` when the map is one (possibly after a ``Flatten``), else ``None``."""
         core = [m for m in self.maps if not isinstance(m, nn.Flatten)]
@@ -151,7 +151,7 @@ class Chain:
     def depth(self) -> int:
         return len(self.links)
 
-    @property
+    @functools.cached_property
     def is_dense(self) -> bool:
         """True when every map is one ``nn.Linear`` (a ``Flatten`` may precede the first), every hidden
         unit a box and the output linear: the case the fused MLP paths specialise."""
@@ -161,7 +161,7 @@ class Chain:
             return False
         return all(l.units is not None for l in self.links[:-1])
 
-    @property
+    @functools.cached_property
     def linear_output(self) -> bool:
         """True when the last link has no activation (or an identity)."""
         last = self.links[-1]
