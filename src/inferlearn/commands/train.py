@@ -11,7 +11,7 @@ from .common import (add_training_options, check_device, config_from_args, expli
                      set_threads)
 
 # what may accompany --resume: the run's length, where it runs, and how much it prints
-RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads"}
+RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads", "compile"}
 
 
 def register(sub) -> None:
@@ -42,6 +42,8 @@ def run(args) -> int:
             config = config.replace(device=args.device)
         if args.tensorboard:
             config = config.replace(tensorboard=args.tensorboard)
+        if "compile" in explicit_options(args):
+            config = config.replace(compile=args.compile)
         config = config.replace(threads=torch.get_num_threads())
         check_device(config.device)
         config = config.replace(out=args.resume)

@@ -23,22 +23,23 @@ kernels on CPU), ``"no-cudagraphs"`` (compiled, without CUDA graphs) and ``"off"
 
 If compilation is unavailable or fails (no C++ compiler, an unsupported PyTorch build, an error in
 a backend), the step runs eagerly and one :class:`CompileWarning` is issued for the whole process;
-no later step tries again. Shapes beyond :data:`MAX_SHAPES` per step (e.g. a last partial batch
-after the full batch and the stacked phases) also run eagerly, so an epoch compiles a bounded
-number of graphs. Compile time (the first call of each shape) is summed in :func:`compile_seconds`.
+no later step tries again. Shapes beyond :data:`MAX_SHAPES` per step also run eagerly, so a
+process compiles a bounded number of graphs (the training loop runs an epoch's last, partial batch
+eagerly rather than compiling its shape). Compile time (the first call of each shape) is summed in :func:`compile_seconds`.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable
 
 import torch
 
 MODES = ("auto", "off", "on", "no-cudagraphs")
-MAX_SHAPES = 4      # compiled graphs per step function; further shapes run eagerly
+MAX_SHAPES = 16     # compiled graphs per step function; further shapes run eagerly
 
 
 class CompileWarning(RuntimeWarning):
@@ -142,6 +143,14 @@ def _first_device(args) -> torch.device:
     return torch.device("cpu")
 
 
+def _fresh_copy(fn: Callable) -> Callable:
+    """``fn`` with its own code object: dynamo keeps one cache (and one recompile limit) per code object,
+    so each compiled shape gets its own instead of sharing ``torch._dynamo.config.recompile_limit``."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
 def _clone_out(out):
     if isinstance(out, torch.Tensor):
         return out.clone()
@@ -181,7 +190,7 @@ class CompiledStep:
                 return self.fn(*args)
             t0 = time.perf_counter()
             try:
-                graph = torch.compile(self.fn, dynamic=False, fullgraph=True, mode=tmode)
+                graph = torch.compile(_fresh_copy(self.fn), dynamic=False, fullgraph=True, mode=tmode)
                 out = self._run(graph, tmode, args)
             except Exception as exc:   # noqa: BLE001 -- any backend failure: eager, one warning
                 _fail(self.name, exc)

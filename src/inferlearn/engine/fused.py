@@ -17,7 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..losses import loss_and_gradient
+import torch.nn.functional as F
+
+from ..losses import check_labels, one_hot, quadratic_loss
 from ..units import UnitSet
 from .chain import Chain
 from .compiled import CompiledStep
@@ -69,12 +71,14 @@ def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: st
         func, kw = local.func, tuple(sorted(local.keywords.items()))
     else:
         func, kw = local, ()
-    value, out, grads = BP_STEP(x.reshape(x.shape[0], -1), labels, Ws, bs, units, loss, func, kw)
+    check_labels(labels, Ws[-1].shape[0], batch=x.shape[0])
+    y = one_hot(labels, Ws[-1].shape[0], x.dtype)   # outside the step: F.one_hot checks its input's values
+    value, out, grads = BP_STEP(x.reshape(x.shape[0], -1), labels, y, Ws, bs, units, loss, func, kw)
     accumulate_dense_grads(chain, grads)
     return float(value), out
 
 
-def _bp_step(x: torch.Tensor, labels: torch.Tensor, Ws: list, bs: list, units: tuple, loss: str, local, kw: tuple):
+def _bp_step(x: torch.Tensor, labels: torch.Tensor, y: torch.Tensor, Ws: list, bs: list, units: tuple, loss: str, local, kw: tuple):
     """Forward and backward of a dense chain: ``(loss, output, [(∇W_k, ∇b_k)])`` (batch mean)."""
     zs, pres = [x], [x]
     L = len(Ws)
@@ -84,7 +88,10 @@ def _bp_step(x: torch.Tensor, labels: torch.Tensor, Ws: list, bs: list, units: t
         pres.append(a)
         zs.append(a if k == L else units[k - 1].project(a))
     out = zs[-1]
-    value, delta = loss_and_gradient(loss, out, labels)
+    if loss == "quadratic":   # losses.loss_and_gradient, given the one-hot targets
+        value, delta = quadratic_loss(out, y), out - y
+    else:
+        value, delta = F.cross_entropy(out, labels.long()), torch.softmax(out, dim=1) - y
     scale = 1.0 / x.shape[0]
     grads = [None] * L
     for k in range(L - 1, -1, -1):

@@ -5,6 +5,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ..engine.compiled import check_compile_mode
 from ..units import get_units
 from ..data.datasets import check_name
 from ..models import check_arch
@@ -39,6 +40,10 @@ class TrainConfig:
             and ``data_verified: false`` in every metrics line), e.g. the grayscale CIFAR-10 copy.
         limit_train: use only the first N training samples (quick runs); ``None`` for all.
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
+        compile: compile each rule's inference step with ``torch.compile`` (:mod:`inferlearn.engine.compiled`):
+            ``auto`` (default: on for CUDA, off on CPU, where compiling costs seconds and gains little),
+            ``on`` (CUDA graphs on CUDA), ``no-cudagraphs`` or ``off``. A speed setting, not one of the maths:
+            a resumed run may change it.
         divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first
             mini-batch loss (a bounded-unit network can blow up its output weights to 1e16 without
             ever producing a NaN).
@@ -66,6 +71,7 @@ class TrainConfig:
     limit_train: int | None = None
     checkpoint_every: int = 1
     divergence_factor: float = 1e6
+    compile: str = "auto"
 
     def __post_init__(self) -> None:
         from ..rules import RULES
@@ -91,6 +97,7 @@ class TrainConfig:
             raise ValueError(f"Invalid seed: {self.seed} (must be an integer ≥ 0)")
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
+        check_compile_mode(self.compile)
         if not self.device.startswith(("cpu", "cuda", "mps")):
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
 

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from .config import TrainConfig
 from ..data import Dataset, load_dataset
 from ..diagnostics import active_fraction, evaluate
+from ..engine.compiled import compile_seconds, compiling
 from ..errors import DivergenceError, RunFolderError
 from ..losses import quadratic_loss, one_hot
 from ..models import build_model
@@ -92,7 +93,11 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     for step in bar:
         idx = order[step * config.batch_size:(step + 1) * config.batch_size]
         s.optimizer.zero_grad(set_to_none=True)
-        info = s.rule.backward(s.model, s.train_x[idx], s.train_y[idx])
+        if len(idx) < config.batch_size and steps > 1:   # the last, partial batch: eager, not a new compiled shape
+            with compiling("off"):
+                info = s.rule.backward(s.model, s.train_x[idx], s.train_y[idx])
+        else:
+            info = s.rule.backward(s.model, s.train_x[idx], s.train_y[idx])
         if s.first_loss is None:
             s.first_loss = info.loss
         loss_ref = s.first_loss
@@ -174,18 +179,21 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
     folder.start(config.to_dict(), history)
     board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard else None
     for epoch in range(start + 1, config.epochs + 1):
-        t0 = time.perf_counter()
-        batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
+        t0, c0 = time.perf_counter(), compile_seconds()
+        with compiling(config.compile):
+            batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
         seconds = time.perf_counter() - t0
         record = epoch_metrics(s, epoch, batch_loss, seconds)
+        record["compile_seconds"] = compile_seconds() - c0   # included in epoch_seconds
         history.append(record)
         due = epoch % config.checkpoint_every == 0 or epoch == config.epochs
         folder.record(record, _checkpoint(s, epoch, history) if due else None)
         if board is not None:
             board.log_epoch(record, s.model.modules())
         if log:
+            compiled = f" (compile {record['compile_seconds']:.1f}s)" if record["compile_seconds"] else ""
             log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  "
-                f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s")
+                f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s{compiled}")
     if board is not None:
         board.close()
     folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
@@ -196,7 +204,8 @@ def _check_same_run(out: Path, config: TrainConfig) -> None:
     """Refuse to resume a folder that holds a run with different settings (only ``epochs`` may grow)."""
     saved = load_config(out).to_dict()
     current = config.to_dict()
-    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard", "threads") and saved.get(k) != current[k])
+    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard", "threads", "compile")
+                  and saved.get(k, TrainConfig().to_dict().get(k)) != current[k])
     if diff:
         raise RunFolderError(f"{out} holds a run with different settings ({', '.join(diff)}); "
                              "use another --out folder, or --overwrite to replace it")
