@@ -32,7 +32,7 @@ import torch
 
 from .compiled import CompiledStep
 from .dense import LiftedProblem
-from .layered import LayeredProblem, operator_norm_sq
+from .layered import LayeredProblem, gram_norm_bound, operator_norm_sq
 from ..errors import ConvergenceError, ConvergenceWarning
 
 ON_FAIL = ("warn", "raise", "ignore")
@@ -203,14 +203,12 @@ class CoordinateDescent(Solver):
 
 
 def gram_lambda_max(W: torch.Tensor) -> float:
-    """``λ_max(WᵀW) = ‖W‖₂²`` exactly: the largest eigenvalue of the smaller Gram matrix, in float64.
+    """``λ_max(WᵀW) = ‖W‖₂²``, bounded from above within 0.5 % on the library's layers (:func:`gram_norm_bound`).
 
-    A pure function of ``W`` (no state carried between calls, so a resumed run takes the same steps);
-    about 0.13 ms for a 64 × 64 matrix. Raises :class:`ConvergenceError` for non-finite weights.
+    A pure function of ``W`` (no state carried between calls, so a resumed run takes the same steps).
+    Raises :class:`ConvergenceError` for non-finite weights.
     """
-    W = W.detach().to(torch.float64)
-    G = W.t() @ W if W.shape[0] >= W.shape[1] else W @ W.t()
-    lam = float(torch.linalg.eigvalsh(G)[-1]) if bool(torch.isfinite(G).all()) else math.inf
+    lam = gram_norm_bound(W)
     if not math.isfinite(lam):
         raise ConvergenceError("Cannot solve the inference problem: non-finite weights")
     return lam
@@ -223,7 +221,7 @@ class BlockProjectedGradient(Solver):
     its block, with the other layers fixed and its pre-activation ``a_k`` fresh from the layer below::
 
         z_k ← Π_{C_k}( z_k − t_k [(z_k − a_k) + ρ_k W_kᵀ (W_k z_k + b_k − z_{k+1})] )
-        t_k = min(ω · 2 / (2 + ρ_k Λ_k), 1.9 / (1 + ρ_k Λ_k)),   Λ_k = 1.1 λ̂_k ≈ λ_max(W_kᵀW_k)
+        t_k = min(ω · 2 / (2 + ρ_k Λ_k), 1.9 / (1 + ρ_k Λ_k)),   Λ_k = 1.1 λ̂_k,  λ̂_k ≈ λ_max(W_kᵀW_k) (from above)
 
     ``2 / (2 + ρ_k λ_max)`` is the step minimising the contraction factor of the block (the
     eigenvalues of its scaled Hessian lie in ``[1, 1 + ρ_k λ_max]``); ``ω = 1.2`` over-relaxes it
@@ -237,7 +235,7 @@ class BlockProjectedGradient(Solver):
 
     Speed (``benchmarks/results/lifted_speed.md``): rows are independent, so free and clamped
     phases are solved as one stacked batch; weak feedback makes the forward pass a near-solution,
-    so few sweeps are needed; ``λ`` comes from a symmetric eigen-solve of the small Gram matrix;
+    so few sweeps are needed; ``λ`` comes from a few squarings of the small Gram matrix (:func:`gram_norm_bound`);
     the stopping test runs every ``check_every`` sweeps.
 
     Args:
@@ -346,6 +344,7 @@ class BlockProjectedGradient(Solver):
         lins = [e.link(k).maps[0] for k in range(2, L + 1)]
         Ws = [None] + [lin.weight.detach() for lin in lins]       # Ws[k]: z_k → a_{k+1}
         bs = [None] + [None if lin.bias is None else lin.bias.detach() for lin in lins]
+        Wts = [None] + [W.t() for W in Ws[1:]]
         bounds = tuple(_plain_bounds(e.link(k).units, hidden[k - 1]) for k in range(1, L))
         mask = None
         if 0 < problem.n_clamped < problem.batch:
@@ -358,7 +357,7 @@ class BlockProjectedGradient(Solver):
         state = {"h": list(hidden), "a": list(pre[1:])}
 
         def sweep(check: bool):
-            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, bs, tt, alpha, e.kind, bounds, top, True)
+            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, Wts, bs, tt, alpha, e.kind, bounds, top, True)
             state["h"], state["a"] = h, a
             return [move] if check else []
 
@@ -375,6 +374,7 @@ class BlockProjectedGradient(Solver):
         alpha = [t[k - 1] * e.feedback(k) for k in range(1, L)]
         bounds = tuple(_plain_bounds(u, problem.x) for u in e.units)
         Ws, bs = e.weights, e.biases
+        Wts = [W.t() for W in Ws]
         top = ("dense", problem.n_clamped == 0, problem.target if problem.n_clamped else None,
                problem._clamp_col, problem._free_res)
         if LIFTED_SWEEP.active(problem.x.device):   # compiled: step sizes as tensors, the step test always on
@@ -386,7 +386,8 @@ class BlockProjectedGradient(Solver):
         state = {"h": hidden, "a": list(pre[1:])}
 
         def sweep(check: bool):
-            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, bs, t, alpha, "lifted", bounds, top, check or always)
+            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, Wts, bs, t, alpha, "lifted", bounds, top,
+                                   check or always)
             state["h"], state["a"] = h, a
             return [move] if check else []
 
@@ -420,14 +421,14 @@ def _top_residual(a_top: torch.Tensor, top: tuple) -> torch.Tensor | None:
     return out - a_top
 
 
-def _lifted_sweep(hidden: list, a: list, Ws: list, bs: list, t, alpha, kind: str, bounds: tuple, top: tuple,
-                  check: bool):
+def _lifted_sweep(hidden: list, a: list, Ws: list, Wts: list, bs: list, t, alpha, kind: str, bounds: tuple,
+                  top: tuple, check: bool):
     """One block projected-gradient sweep over the hidden layers of a chain of ``nn.Linear`` maps::
 
         z_k ← Π_k( lerp(z_k, a_k, t_k) + α_k W_kᵀ r_{k+1} ),   a_{k+1} ← W_k z_k + b_k       (k = 1 … L−1)
 
-    ``hidden = [z_1 … z_{L-1}]``, ``a = [a_1 … a_L]`` (0-based lists; new lists are returned), ``Ws[k]``,
-    ``bs[k]`` the map from ``z_k`` to ``a_{k+1}``; ``r_{k+1} = z_{k+1} − a_{k+1}`` (``kind="lifted"``) or
+    ``hidden = [z_1 … z_{L-1}]``, ``a = [a_1 … a_L]`` (0-based lists; new lists are returned), ``Ws[k]``
+    (``Wts[k] = Ws[k]ᵀ``, transposed once per solve), ``bs[k]`` the map from ``z_k`` to ``a_{k+1}``; ``r_{k+1} = z_{k+1} − a_{k+1}`` (``kind="lifted"``) or
     ``z_{k+1} − Π(a_{k+1})`` (``"fenchel"``) below the output, the output residual from ``top``.
     ``t``, ``alpha``: Python floats (eager) or 1-D tensors (compiled: they change with the weights).
     Returns ``(hidden, a, largest step / t_k or None)``.
@@ -454,7 +455,7 @@ def _lifted_sweep(hidden: list, a: list, Ws: list, bs: list, t, alpha, kind: str
             moves.append((new - z).abs_().max() / tk)   # vector_norm(inf) is ~10x slower on CPU
         hidden[k - 1] = new
         b = bs[k]
-        a[k] = torch.addmm(b, new, Ws[k].t()) if b is not None else new.mm(Ws[k].t())
+        a[k] = torch.addmm(b, new, Wts[k]) if b is not None else new.mm(Wts[k])
     move = (torch.stack(moves).max() if len(moves) > 1 else moves[0]) if check else None
     return hidden, a, move
 
