@@ -214,6 +214,29 @@ def gram_lambda_max(W: torch.Tensor) -> float:
     return lam
 
 
+def _norm_sq(problem, k: int, hidden) -> float:
+    """``λ_max(A_{k+1}ᵀA_{k+1})`` for the step sizes, remembered on the energy for the weights' current version.
+
+    EqProp solves its free and nudged phases on one energy: the second solve reuses the first one's bounds
+    (for a conv net, 30 power iterations per layer). Keyed on the parameters' version counters, which every
+    in-place update (an optimiser step) bumps, so an energy kept across updates never reuses a stale value.
+    """
+    e = problem.energy
+    cache = e.__dict__.setdefault("_norm_sq_cache", {})
+    if isinstance(problem, LayeredProblem):
+        z = hidden[k - 1]
+        link = e.link(k + 1)
+        key = (k, tuple(z.shape[1:]), z.dtype, z.device, tuple((id(p), p._version) for p in link.parameters()))
+        if key not in cache:
+            cache[key] = operator_norm_sq(link, z.shape[1:], z.dtype, z.device)
+    else:
+        W = e.weights[k]
+        key = (k, W.data_ptr(), W._version, tuple(W.shape), W.dtype)
+        if key not in cache:
+            cache[key] = gram_lambda_max(W)
+    return cache[key]
+
+
 class BlockProjectedGradient(Solver):
     """Layer-wise projected-gradient sweeps (block Gauss-Seidel), the fast default solver.
 
@@ -284,11 +307,7 @@ class BlockProjectedGradient(Solver):
             if k == problem.depth - 1 and problem.n_clamped == 0 and not self.safe_steps:
                 out.append(1.0)   # a free output is eliminated: the top block's Hessian is w_k I
                 continue
-            if isinstance(problem, LayeredProblem):
-                z = hidden[k - 1]
-                lam = operator_norm_sq(e.link(k + 1), z.shape[1:], z.dtype, z.device)
-            else:
-                lam = gram_lambda_max(e.weights[k])
+            lam = _norm_sq(problem, k, hidden)
             if not math.isfinite(lam):
                 raise ConvergenceError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
             if self.safe_steps:
