@@ -169,6 +169,8 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
     eps, d = [None] * (L + 1), [None] * (L + 1)
     for k in range(1, L + 1):
         if k == 1:
+            if not check:   # layer 1's error is never sent down (the input is fixed): z_1 − ηε_1 is a lerp
+                continue
             mu, m = mu1, m1
         else:
             b = bs[k - 1]
@@ -187,7 +189,8 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
     for k in range(1, L):
         if check:
             moves.append(torch.addmm(eps[k], d[k + 1], Ws[k], alpha=-1.0).abs().max())
-        new.append(torch.addmm(torch.sub(z[k], eps[k], alpha=eta), d[k + 1], Ws[k], alpha=eta))
+        own = torch.lerp(z[1], mu1, eta) if k == 1 else torch.sub(z[k], eps[k], alpha=eta)   # z_k − η ε_k
+        new.append(torch.addmm(own, d[k + 1], Ws[k], alpha=eta))
     return new, (torch.stack(moves).max() if check and moves else None)
 
 
