@@ -238,13 +238,16 @@ def write(results: dict, args, cmd: str, elapsed: float) -> str:
     L += ["", "## Operations per eager mini-batch (batch 50, top-level `aten::` calls, torch.profiler)", ""]
     base = results.get("baseline")
     if base:
-        L += ["| rule | before | after | eager s/epoch before | after |", "|---|---|---|---|---|"]
+        bbp = base["eager50"].get("backprop|eager", {}).get("median", float("nan"))
+        abp = t0["backprop|eager"]["median"]
+        L += ["| rule | operations before | after | eager s/epoch before | after | eager/BP before | after |",
+              "|---|---|---|---|---|---|---|"]
         for r in OPS_RULES:
             bt = base["eager50"].get(f"{r}|eager", {}).get("median", float("nan"))
-            L.append(f"| {r} | {base['ops'][r]} | {results['ops'][r]} | {bt:.2f} | "
-                     f"{t0[f'{r}|eager']['median']:.2f} |")
-        bbp = base["eager50"].get("backprop|eager", {}).get("median", float("nan"))
-        L.append(f"| backprop | — | — | {bbp:.2f} | {t0['backprop|eager']['median']:.2f} |")
+            at = t0[f"{r}|eager"]["median"]
+            L.append(f"| {r} | {base['ops'][r]} | {results['ops'][r]} | {bt:.2f} | {at:.2f} | {bt / bbp:.2f} | "
+                     f"{at / abp:.2f} |")
+        L.append(f"| backprop | — | — | {bbp:.2f} | {abp:.2f} | 1.00 | 1.00 |")
         label = args.baseline_label or f"`{args.baseline_src}`"
         L += ["", f"*before* = {label} (its eager epoch times measured in a separate process, "
               "same protocol, so compare them loosely)."]

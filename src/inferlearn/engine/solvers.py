@@ -203,7 +203,7 @@ class CoordinateDescent(Solver):
 
 
 def gram_lambda_max(W: torch.Tensor) -> float:
-    """``λ_max(WᵀW) = ‖W‖₂²``, bounded from above within 0.5 % on the library's layers (:func:`gram_norm_bound`).
+    """``λ_max(WᵀW) = ‖W‖₂²``, bounded from above within a few per cent (:func:`gram_norm_bound`).
 
     A pure function of ``W`` (no state carried between calls, so a resumed run takes the same steps).
     Raises :class:`ConvergenceError` for non-finite weights.
