@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.compiled import MODES as COMPILE_MODES
 from ..training.config import TrainConfig
 from ..units import UNIT_SETS
 from ..data import DATASETS
@@ -35,8 +36,16 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--out", default=defaults.out, help="output folder (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_threads_option(p)
+    add_compile_option(p)
     p.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="log scalars, weight histograms and first-layer filters to DIR (tensorboard --logdir DIR)")
+
+
+def add_compile_option(p: argparse.ArgumentParser) -> None:
+    """``--compile MODE``: compile each rule's inference step (``TrainConfig.compile``)."""
+    p.add_argument("--compile", nargs="?", const="on", default="auto", choices=list(COMPILE_MODES),
+                   help="compile each rule's inference step with torch.compile: auto (default: on for CUDA, off on "
+                        "CPU), on (the same as --compile alone; CUDA graphs on CUDA), no-cudagraphs, off")
 
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:
@@ -121,4 +130,5 @@ def config_from_args(args, **overrides) -> TrainConfig:
                        init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
                        limit_train=args.limit_train, allow_unverified=args.allow_unverified,
                        tensorboard=args.tensorboard, threads=torch.get_num_threads(),
-                       dist_timeout=getattr(args, "dist_timeout", 120.0), **overrides)
+                       dist_timeout=getattr(args, "dist_timeout", 120.0), compile=getattr(args, "compile", "auto"),
+                       **overrides)

@@ -15,7 +15,7 @@ from .common import (add_parallel_options, add_training_options, check_device, c
                      remember_defaults, run_parallel, set_threads)
 
 # what may accompany --resume: the run's length, where it runs, and how much it prints
-RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads", "nproc", "dist_timeout"}
+RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads", "compile", "nproc", "dist_timeout"}
 
 
 def register(sub) -> None:
@@ -47,6 +47,8 @@ def run(args) -> int:
             config = config.replace(device=args.device)
         if args.tensorboard:
             config = config.replace(tensorboard=args.tensorboard)
+        if "compile" in explicit_options(args):
+            config = config.replace(compile=args.compile)
         config = config.replace(threads=torch.get_num_threads())
         check_device(config.device)
         config = config.replace(out=args.resume, dist_timeout=args.dist_timeout)

@@ -88,6 +88,23 @@ def _leaves(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
     return [(path or type(module).__name__, module)]
 
 
+def _leaf_ids(module: nn.Module) -> list:
+    """``[id(m) for _, m in _leaves(module, "")]`` without the paths (no ``named_modules`` walk): the cache check
+    that runs on every rule call."""
+    protocol = getattr(module, "inferlearn_chain", None)
+    if callable(protocol):
+        out = []
+        for m in protocol():
+            out += [id(m)] if m is module or not isinstance(m, nn.Module) else _leaf_ids(m)
+        return out
+    if isinstance(module, nn.Sequential):
+        out = []
+        for _, m in module.named_children():
+            out += _leaf_ids(m)
+        return out
+    return [id(module)]
+
+
 @dataclass(frozen=True, eq=False)
 class Link:
     """One layer of a chain: a layer map ``A_k`` (one or more modules) and the unit after it.
@@ -104,7 +121,7 @@ class Link:
     units: UnitSet | None
     names: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def linear(self) -> nn.Linear | None:
         """The ``nn.Linear`` when the map is one (possibly after a ``Flatten``), else ``None``."""
         core = [m for m in self.maps if not isinstance(m, nn.Flatten)]
@@ -151,7 +168,7 @@ class Chain:
     def depth(self) -> int:
         return len(self.links)
 
-    @property
+    @functools.cached_property
     def is_dense(self) -> bool:
         """True when every map is one ``nn.Linear`` (a ``Flatten`` may precede the first), every hidden
         unit a box and the output linear: the case the fused MLP paths specialise."""
@@ -161,7 +178,7 @@ class Chain:
             return False
         return all(l.units is not None for l in self.links[:-1])
 
-    @property
+    @functools.cached_property
     def linear_output(self) -> bool:
         """True when the last link has no activation (or an identity)."""
         last = self.links[-1]
@@ -250,7 +267,7 @@ def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rul
     if not isinstance(model, nn.Module):
         raise TypeError(f"Expected an nn.Module, got {type(model).__name__}")
     chain = _CACHE.get(model)
-    if chain is None or [id(m) for m in chain._modules] != [id(m) for _, m in _leaves(model, "")]:
+    if chain is None or [id(m) for m in chain._modules] != _leaf_ids(model):
         chain = _parse(model)
         _CACHE[model] = chain
     if need is not None:

@@ -116,8 +116,8 @@ class LiftedEnergy:
             raise ValueError(f"{type(chain.model).__name__} is not a dense chain (Linear layers with box units and "
                              "a linear output); use inferlearn.engine.layered.LayeredEnergy")
         layers = [link.linear for link in chain.links]
-        ws = [layer.weight.detach() for layer in layers]
-        bs = [layer.bias.detach() if layer.bias is not None else None for layer in layers]
+        ws = [layer.weight for layer in layers]            # detached by __init__
+        bs = [layer.bias for layer in layers]
         units = [link.units for link in chain.links[:-1]]
         if dtype is not None:
             ws = [w.to(dtype) for w in ws]

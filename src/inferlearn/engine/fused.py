@@ -11,14 +11,18 @@ generic paths in float64 (``tests/test_engine_generic.py``).
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
 import torch
 
-from ..losses import loss_and_gradient
+import torch.nn.functional as F
+
+from ..losses import check_labels, one_hot, quadratic_loss
 from ..units import UnitSet
 from .chain import Chain
+from .compiled import CompiledStep
 
 LocalBackward = Callable[[UnitSet, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -62,21 +66,56 @@ def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: st
     Returns:
         ``(loss, output)``.
     """
-    zs, pres = dense_forward(chain, x)
+    Ws = [l.linear.weight for l in chain.links]
+    bs = [l.linear.bias for l in chain.links]
+    units = tuple(l.units for l in chain.links[:-1])
+    if isinstance(local, Sequence):   # one local backward per hidden layer (e.g. Fenchel BP's β_k)
+        parts = [_constants(f) for f in local]
+        func, kw = tuple(f for f, _ in parts), tuple(k for _, k in parts)
+    else:
+        func, kw = _constants(local)
+    check_labels(labels, Ws[-1].shape[0], batch=x.shape[0])
+    y = one_hot(labels, Ws[-1].shape[0], x.dtype)   # outside the step: F.one_hot checks its input's values
+    value, out, grads = BP_STEP(x.reshape(x.shape[0], -1), labels, y, Ws, bs, units, loss, func, kw)
+    accumulate_dense_grads(chain, grads)
+    return float(value), out
+
+
+def _constants(local: LocalBackward) -> tuple:
+    """``(function, keyword constants)`` of a local backward (a ``functools.partial`` carries e.g. β)."""
+    if isinstance(local, functools.partial):   # constants of the compiled step
+        return local.func, tuple(sorted(local.keywords.items()))
+    return local, ()
+
+
+def _bp_step(x: torch.Tensor, labels: torch.Tensor, y: torch.Tensor, Ws: list, bs: list, units: tuple, loss: str, local, kw: tuple):
+    """Forward and backward of a dense chain: ``(loss, output, [(∇W_k, ∇b_k)])`` (batch mean)."""
+    zs, pres = [x], [x]
+    L = len(Ws)
+    for k in range(1, L + 1):
+        b = bs[k - 1]
+        a = torch.addmm(b, zs[-1], Ws[k - 1].t()) if b is not None else zs[-1].mm(Ws[k - 1].t())
+        pres.append(a)
+        zs.append(a if k == L else units[k - 1].project(a))
     out = zs[-1]
-    value, delta = loss_and_gradient(loss, out, labels)
+    if loss == "quadratic":   # losses.loss_and_gradient, given the one-hot targets
+        value, delta = quadratic_loss(out, y), out - y
+    else:
+        value, delta = F.cross_entropy(out, labels.long()), torch.softmax(out, dim=1) - y
     scale = 1.0 / x.shape[0]
-    grads = [None] * chain.depth
-    for k in range(chain.depth - 1, -1, -1):
+    grads = [None] * L
+    for k in range(L - 1, -1, -1):
         ds = delta * scale
         grads[k] = (ds.t().mm(zs[k]), ds.sum(0))
         if k > 0:
-            link = chain.links[k - 1]
-            g = delta.mm(chain.links[k].linear.weight)
-            fn = local[k - 1] if isinstance(local, Sequence) else local
-            delta = g if link.units.is_linear else fn(link.units, zs[k], pres[k], g)
-    accumulate_dense_grads(chain, grads)
-    return float(value), out
+            g = delta.mm(Ws[k])
+            u = units[k - 1]
+            fn, kwk = (local[k - 1], kw[k - 1]) if isinstance(local, tuple) else (local, kw)   # per layer or one
+            delta = g if u.is_linear else fn(u, zs[k], pres[k], g, **dict(kwk))
+    return value, out, grads
+
+
+BP_STEP = CompiledStep(_bp_step, "the back-propagation step")
 
 
 @torch.no_grad()
@@ -106,34 +145,18 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     for k in range(1, L):                            # forward pass: hidden errors start at 0
         z.append(mu1 if k == 1 else units[k - 1].project(torch.addmm(bs[k - 1], z[-1], Ws[k - 1].t())))
     out = torch.addmm(bs[L - 1], z[L - 1], Ws[L - 1].t())
-    z = [x] + [t.clone() for t in z[1:L]] + [target]
+    hidden = [t.clone() for t in z[1:L]]
+    Wts = [W.t() for W in Ws]
+    bounds = tuple(u.clamp_bounds(x) for u in units)
     it, move = 0, math.inf
-    eps, d = [None] * (L + 1), [None] * (L + 1)
     for it in range(1, steps + 1):
-        for k in range(1, L + 1):
-            if k == 1:
-                mu, m = mu1, m1
-            else:
-                a = torch.addmm(bs[k - 1], z[k - 1], Ws[k - 1].t())
-                if k < L and not lin[k - 1]:
-                    mu = units[k - 1].project(a)
-                    m = mu == a
-                else:
-                    mu, m = a, None
-            eps[k] = z[k] - mu
-            d[k] = eps[k] if m is None else eps[k] * m
-        if precision != 1.0:
-            d[L] = d[L] * precision
         check = tol is not None and (it % 5 == 0 or it == steps)
-        moves = []
-        for k in range(1, L):
-            if check:
-                moves.append(torch.addmm(eps[k], d[k + 1], Ws[k], alpha=-1.0).abs().max())
-            z[k].sub_(eps[k], alpha=eta).addmm_(d[k + 1], Ws[k], alpha=eta)
+        hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, tuple(lin), bounds, eta, precision, check)
         if check:
-            move = float(torch.stack(moves).max()) * eta if moves else 0.0
+            move = float(m) * eta if m is not None else 0.0
             if move <= tol:
                 break
+    z = [x] + hidden + [target]
     grads = []
     for k in range(1, L + 1):
         a = a1 if k == 1 else torch.addmm(bs[k - 1], z[k - 1], Ws[k - 1].t())
@@ -146,3 +169,40 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
         e = e * (-1.0 / (B * precision))
         grads.append((e.t().mm(z[k - 1]), e.sum(0)))
     return grads, out, z[1:L], it, move
+
+
+def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,
+             bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool):
+    """One simultaneous step of predictive coding on a dense chain (returns new hidden layers, and the
+    largest step when ``check``). ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input is), ``Wts[k] = W_kᵀ``."""
+    L = len(Ws)
+    z = [x, *hidden, target]
+    eps, d = [None] * (L + 1), [None] * (L + 1)
+    for k in range(1, L + 1):
+        if k == 1:
+            if not check:   # layer 1's error is never sent down (the input is fixed): z_1 − ηε_1 is a lerp
+                continue
+            mu, m = mu1, m1
+        else:
+            b = bs[k - 1]
+            a = torch.addmm(b, z[k - 1], Wts[k - 1]) if b is not None else z[k - 1].mm(Wts[k - 1])
+            if k < L and not lin[k - 1]:
+                lo, hi = bounds[k - 1]
+                mu = a.clamp(min=lo, max=hi)
+                m = mu == a
+            else:
+                mu, m = a, None
+        eps[k] = z[k] - mu
+        d[k] = eps[k] if m is None else eps[k] * m
+    if precision != 1.0:
+        d[L] = d[L] * precision
+    new, moves = [], []
+    for k in range(1, L):
+        if check:
+            moves.append(torch.addmm(eps[k], d[k + 1], Ws[k], alpha=-1.0).abs().max())
+        own = torch.lerp(z[1], mu1, eta) if k == 1 else torch.sub(z[k], eps[k], alpha=eta)   # z_k − η ε_k
+        new.append(torch.addmm(own, d[k + 1], Ws[k], alpha=eta))
+    return new, (torch.stack(moves).max() if check and moves else None)
+
+
+PC_STEP = CompiledStep(_pc_step, "the predictive-coding step")

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .compiled import CompiledStep
 from .dense import LiftedProblem
-from .layered import LayeredProblem, operator_norm_sq
+from .layered import LayeredProblem, gram_norm_bound, operator_norm_sq
 from ..errors import ConvergenceError, ConvergenceWarning
 
 ON_FAIL = ("warn", "raise", "ignore")
@@ -202,17 +203,38 @@ class CoordinateDescent(Solver):
 
 
 def gram_lambda_max(W: torch.Tensor) -> float:
-    """``λ_max(WᵀW) = ‖W‖₂²`` exactly: the largest eigenvalue of the smaller Gram matrix, in float64.
+    """``λ_max(WᵀW) = ‖W‖₂²``, bounded from above within a few per cent (:func:`gram_norm_bound`).
 
-    A pure function of ``W`` (no state carried between calls, so a resumed run takes the same steps);
-    about 0.13 ms for a 64 × 64 matrix. Raises :class:`ConvergenceError` for non-finite weights.
+    A pure function of ``W`` (no state carried between calls, so a resumed run takes the same steps).
+    Raises :class:`ConvergenceError` for non-finite weights.
     """
-    W = W.detach().to(torch.float64)
-    G = W.t() @ W if W.shape[0] >= W.shape[1] else W @ W.t()
-    lam = float(torch.linalg.eigvalsh(G)[-1]) if bool(torch.isfinite(G).all()) else math.inf
+    lam = gram_norm_bound(W)
     if not math.isfinite(lam):
         raise ConvergenceError("Cannot solve the inference problem: non-finite weights")
     return lam
+
+
+def _norm_sq(problem, k: int, hidden) -> float:
+    """``λ_max(A_{k+1}ᵀA_{k+1})`` for the step sizes, remembered on the energy for the weights' current version.
+
+    EqProp solves its free and nudged phases on one energy: the second solve reuses the first one's bounds
+    (for a conv net, 30 power iterations per layer). Keyed on the parameters' version counters, which every
+    in-place update (an optimiser step) bumps, so an energy kept across updates never reuses a stale value.
+    """
+    e = problem.energy
+    cache = e.__dict__.setdefault("_norm_sq_cache", {})
+    if isinstance(problem, LayeredProblem):
+        z = hidden[k - 1]
+        link = e.link(k + 1)
+        key = (k, tuple(z.shape[1:]), z.dtype, z.device, tuple((id(p), p._version) for p in link.parameters()))
+        if key not in cache:
+            cache[key] = operator_norm_sq(link, z.shape[1:], z.dtype, z.device)
+    else:
+        W = e.weights[k]
+        key = (k, W.data_ptr(), W._version, tuple(W.shape), W.dtype)
+        if key not in cache:
+            cache[key] = gram_lambda_max(W)
+    return cache[key]
 
 
 class BlockProjectedGradient(Solver):
@@ -222,7 +244,7 @@ class BlockProjectedGradient(Solver):
     its block, with the other layers fixed and its pre-activation ``a_k`` fresh from the layer below::
 
         z_k ← Π_{C_k}( z_k − t_k [(z_k − a_k) + ρ_k W_kᵀ (W_k z_k + b_k − z_{k+1})] )
-        t_k = min(ω · 2 / (2 + ρ_k Λ_k), 1.9 / (1 + ρ_k Λ_k)),   Λ_k = 1.1 λ̂_k ≈ λ_max(W_kᵀW_k)
+        t_k = min(ω · 2 / (2 + ρ_k Λ_k), 1.9 / (1 + ρ_k Λ_k)),   Λ_k = 1.1 λ̂_k,  λ̂_k ≈ λ_max(W_kᵀW_k) (from above)
 
     ``2 / (2 + ρ_k λ_max)`` is the step minimising the contraction factor of the block (the
     eigenvalues of its scaled Hessian lie in ``[1, 1 + ρ_k λ_max]``); ``ω = 1.2`` over-relaxes it
@@ -236,7 +258,7 @@ class BlockProjectedGradient(Solver):
 
     Speed (``benchmarks/results/lifted_speed.md``): rows are independent, so free and clamped
     phases are solved as one stacked batch; weak feedback makes the forward pass a near-solution,
-    so few sweeps are needed; ``λ`` comes from a symmetric eigen-solve of the small Gram matrix;
+    so few sweeps are needed; ``λ`` comes from a few squarings of the small Gram matrix (:func:`gram_norm_bound`);
     the stopping test runs every ``check_every`` sweeps.
 
     Args:
@@ -285,11 +307,7 @@ class BlockProjectedGradient(Solver):
             if k == problem.depth - 1 and problem.n_clamped == 0 and not self.safe_steps:
                 out.append(1.0)   # a free output is eliminated: the top block's Hessian is w_k I
                 continue
-            if isinstance(problem, LayeredProblem):
-                z = hidden[k - 1]
-                lam = operator_norm_sq(e.link(k + 1), z.shape[1:], z.dtype, z.device)
-            else:
-                lam = gram_lambda_max(e.weights[k])
+            lam = _norm_sq(problem, k, hidden)
             if not math.isfinite(lam):
                 raise ConvergenceError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
             if self.safe_steps:
@@ -309,7 +327,7 @@ class BlockProjectedGradient(Solver):
             check = self.tol is not None and (it % self.check_every == 0 or it == self.max_iter)
             moves = sweep(check)
             if check:
-                move = float(torch.stack(moves).max())
+                move = float(moves[0] if len(moves) == 1 else torch.stack(moves).max())
                 if move <= self.tol:
                     break
         return it, move
@@ -318,6 +336,9 @@ class BlockProjectedGradient(Solver):
         """The same sweeps on a generic chain: forwards and adjoints through the layer maps."""
         e, L = problem.energy, problem.depth
         t = self.steps(problem, hidden)
+        if LIFTED_SWEEP.active(problem.x.device) and all(
+                e.link(k)._lone_linear for k in range(2, L + 1)) and all(h.dim() == 2 for h in hidden):
+            return self._solve_layered_linear(problem, hidden, pre, t)
         adj = problem.adjoints(hidden)
         units = [e.link(k).units for k in range(1, L)]
 
@@ -336,36 +357,134 @@ class BlockProjectedGradient(Solver):
         res = move if (self.residual == "step" and self.tol is not None) else None
         return hidden, finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
 
+    def _solve_layered_linear(self, problem: LayeredProblem, hidden, pre, t):
+        """The compiled sweep on a generic chain whose maps above the first are lone ``nn.Linear`` layers."""
+        e, L = problem.energy, problem.depth
+        lins = [e.link(k).maps[0] for k in range(2, L + 1)]
+        Ws = [None] + [lin.weight.detach() for lin in lins]       # Ws[k]: z_k → a_{k+1}
+        bs = [None] + [None if lin.bias is None else lin.bias.detach() for lin in lins]
+        Wts = [None] + [W.t() for W in Ws[1:]]
+        bounds = tuple(_plain_bounds(e.link(k).units, hidden[k - 1]) for k in range(1, L))
+        mask = None
+        if 0 < problem.n_clamped < problem.batch:
+            mask = problem.clamped.reshape(-1, 1)
+        top = ("layered", problem.n_clamped == 0, problem.target if problem.n_clamped else None, mask,
+               problem._free_res)
+        dev, dt = problem.x.device, problem.x.dtype
+        tt = torch.tensor(t, dtype=dt, device=dev)
+        alpha = tt * torch.tensor([e.feedback(k) for k in range(1, L)], dtype=dt, device=dev)
+        state = {"h": list(hidden), "a": list(pre[1:])}
+
+        def sweep(check: bool):
+            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, Wts, bs, tt, alpha, e.kind, bounds, top, True)
+            state["h"], state["a"] = h, a
+            return [move] if check else []
+
+        it, move = self._sweeps(sweep)
+        hidden = state["h"]
+        res = move if (self.residual == "step" and self.tol is not None) else None
+        return hidden, finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
+
     def _solve(self, problem, hidden, pre):
         if isinstance(problem, LayeredProblem):
             return self._solve_layered(problem, hidden, pre)
         e, L = problem.energy, problem.depth
         t = self.steps(problem)
         alpha = [t[k - 1] * e.feedback(k) for k in range(1, L)]
-        a = pre
-        lo = [None if math.isinf(u.lower) else u.lower for u in e.units]
-        hi = [None if math.isinf(u.upper) else u.upper for u in e.units]
+        bounds = tuple(_plain_bounds(u, problem.x) for u in e.units)
+        Ws, bs = e.weights, e.biases
+        Wts = [W.t() for W in Ws]
+        top = ("dense", problem.n_clamped == 0, problem.target if problem.n_clamped else None,
+               problem._clamp_col, problem._free_res)
+        if LIFTED_SWEEP.active(problem.x.device):   # compiled: step sizes as tensors, the step test always on
+            t = torch.tensor(t, dtype=problem.x.dtype, device=problem.x.device)
+            alpha = t * torch.tensor([e.feedback(k) for k in range(1, L)], dtype=t.dtype, device=t.device)
+            always = True
+        else:
+            always = False
+        state = {"h": hidden, "a": list(pre[1:])}
 
-        def sweep(check: bool) -> list[torch.Tensor]:
-            moves = []
-            for k in range(1, L):
-                z = hidden[k - 1]
-                r = hidden[k] - a[k + 1] if k < L - 1 else problem.top_residual(a[L])
-                new = z.lerp(a[k], t[k - 1])
-                if r is not None:
-                    new = torch.addmm(new, r, e.weights[k], alpha=alpha[k - 1])
-                if lo[k - 1] is not None or hi[k - 1] is not None:
-                    new.clamp_(min=lo[k - 1], max=hi[k - 1])   # Π_C in place (new is a fresh tensor)
-                if check:
-                    moves.append((new - z).abs_().max() / t[k - 1])   # vector_norm(inf) is ~10x slower on CPU
-                hidden[k - 1] = new
-                a[k + 1] = e.pre(k + 1, new)
-            return moves
+        def sweep(check: bool):
+            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, Wts, bs, t, alpha, "lifted", bounds, top,
+                                   check or always)
+            state["h"], state["a"] = h, a
+            return [move] if check else []
 
         it, move = self._sweeps(sweep)
+        hidden, a = state["h"], [None] + state["a"]
         problem.remember_pre(hidden, a)
         res = move if (self.residual == "step" and self.tol is not None) else None
         return hidden, finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res)
+
+
+def _plain_bounds(units, like: torch.Tensor) -> tuple:
+    """``(lower, upper)`` of a box as ``torch.clamp`` takes them for ``like`` (``None`` where unbounded)."""
+    return tuple(units.clamp_bounds(like))
+
+
+def _top_residual(a_top: torch.Tensor, top: tuple) -> torch.Tensor | None:
+    """``r_L = z_L − a_L`` of a dense (``LiftedProblem.top_residual``) or layered (``output − a``) problem."""
+    style, free, target, mask, free_res = top
+    if style == "dense":
+        if free:
+            return free_res
+        r = target - a_top
+        if mask is not None:
+            r = r * mask
+        return r if free_res is None else r + free_res
+    out = a_top if free_res is None else a_top + free_res
+    if mask is not None:
+        out = torch.where(mask, target, out)
+    elif target is not None:
+        out = target
+    return out - a_top
+
+
+def _lifted_sweep(hidden: list, a: list, Ws: list, Wts: list, bs: list, t, alpha, kind: str, bounds: tuple,
+                  top: tuple, check: bool):
+    """One block projected-gradient sweep over the hidden layers of a chain of ``nn.Linear`` maps::
+
+        z_k ← Π_k( lerp(z_k, a_k, t_k) + α_k W_kᵀ r_{k+1} ),   a_{k+1} ← W_k z_k + b_k       (k = 1 … L−1)
+
+    ``hidden = [z_1 … z_{L-1}]``, ``a = [a_1 … a_L]`` (0-based lists; new lists are returned), ``Ws[k]``
+    (``Wts[k] = Ws[k]ᵀ``, transposed once per solve), ``bs[k]`` the map from ``z_k`` to ``a_{k+1}``; ``r_{k+1} = z_{k+1} − a_{k+1}`` (``kind="lifted"``) or
+    ``z_{k+1} − Π(a_{k+1})`` (``"fenchel"``) below the output, the output residual from ``top``.
+    ``t``, ``alpha``: Python floats (eager) or 1-D tensors (compiled: they change with the weights).
+    Returns ``(hidden, a, largest step / t_k or None)``.
+    """
+    L = len(a)
+    hidden, a = list(hidden), list(a)
+    moves = []
+    for k in range(1, L):
+        z = hidden[k - 1]
+        if k < L - 1:
+            up = a[k] if kind == "lifted" else _clamp(a[k], bounds[k])
+            r = hidden[k] - up
+        else:
+            r = _top_residual(a[L - 1], top)
+        tk, ak = t[k - 1], alpha[k - 1]
+        new = z.lerp(a[k - 1], tk)
+        if r is not None:
+            new = torch.addmm(new, r, Ws[k], alpha=ak) if not isinstance(ak, torch.Tensor) else \
+                torch.addmm(new, r * ak, Ws[k])
+        lo, hi = bounds[k - 1]
+        if lo is not None or hi is not None:
+            new = new.clamp_(min=lo, max=hi)   # Π_C in place (new is a fresh tensor)
+        if check:
+            moves.append((new - z).abs_().max() / tk)   # vector_norm(inf) is ~10x slower on CPU
+        hidden[k - 1] = new
+        b = bs[k]
+        a[k] = torch.addmm(b, new, Wts[k]) if b is not None else new.mm(Wts[k])
+    move = (torch.stack(moves).max() if len(moves) > 1 else moves[0]) if check else None
+    return hidden, a, move
+
+
+def _clamp(v: torch.Tensor, bounds: tuple) -> torch.Tensor:
+    lo, hi = bounds
+    return v if lo is None and hi is None else v.clamp(min=lo, max=hi)
+
+
+LIFTED_SWEEP = CompiledStep(_lifted_sweep, "the lifted block sweep")
 
 
 class ReferenceSolver(Solver):

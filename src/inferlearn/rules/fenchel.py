@@ -297,8 +297,12 @@ class FenchelBackProp(Rule):
 
 
 def _fenchel_local(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
-    """``δ = (z − Π_C(a − βg))/β`` with the forward ``z = Π_C(a)`` (four in-place-friendly operations)."""
-    return z.sub(units.project(torch.add(a, g, alpha=-beta))).div_(beta)
+    """``δ = (z − Π_C(a − βg))/β`` with the forward ``z = Π_C(a)``.
+
+    Written ``a − β·g`` rather than ``torch.add(a, g, alpha=−β)``: torch 2.13's inductor folds the latter, with
+    ``g`` a matrix product, into an ``addmm`` that drops ``alpha`` (wrong compiled gradients; the compiled
+    step is tested equal to the eager one in ``tests/test_compiled.py``)."""
+    return z.sub(units.project(a - beta * g)).div_(beta)
 
 
 _CONVERTED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()

@@ -5,6 +5,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ..engine.compiled import check_compile_mode
 from ..units import get_units
 from ..data.datasets import check_name
 from ..models import check_arch
@@ -43,6 +44,10 @@ class TrainConfig:
         dist_timeout: seconds a rank waits for the others in a collective before failing with
             :class:`~inferlearn.errors.DistributedError` (``--dist-timeout``).
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
+        compile: compile each rule's inference step with ``torch.compile`` (:mod:`inferlearn.engine.compiled`):
+            ``auto`` (default: on for CUDA, off on CPU, where compiling costs seconds and gains little),
+            ``on`` (CUDA graphs on CUDA), ``no-cudagraphs`` or ``off``. A speed setting, not one of the maths:
+            a resumed run may change it.
         divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first
             mini-batch loss (a bounded-unit network can blow up its output weights to 1e16 without
             ever producing a NaN).
@@ -72,6 +77,7 @@ class TrainConfig:
     limit_train: int | None = None
     checkpoint_every: int = 1
     divergence_factor: float = 1e6
+    compile: str = "auto"
 
     def __post_init__(self) -> None:
         from ..rules import RULES
@@ -101,6 +107,7 @@ class TrainConfig:
             raise ValueError(f"Invalid dist_timeout: {self.dist_timeout} (must be > 0 seconds)")
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
+        check_compile_mode(self.compile)
         if not self.device.startswith(("cpu", "cuda", "mps")):
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 import time
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from .config import TrainConfig
 from ..data import Dataset, load_dataset
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
+from ..engine.compiled import compile_seconds, compiling
 from ..errors import DivergenceError, RunFolderError
 from ..losses import quadratic_loss, one_hot
 from ..models import build_model
@@ -107,8 +109,11 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
         idx = order[step * config.batch_size:(step + 1) * config.batch_size]
         mine = group.shard(idx)
         s.optimizer.zero_grad(set_to_none=True)
-        loss = s.rule.backward(s.model, s.train_x[mine], s.train_y[mine],
-                               index=mine if indexed else None).loss if len(mine) else 0.0
+        loss = 0.0
+        if len(mine):
+            # the last, partial batch runs eagerly rather than compiling a new shape
+            with compiling("off") if len(idx) < config.batch_size and steps > 1 else contextlib.nullcontext():
+                loss = s.rule.backward(s.model, s.train_x[mine], s.train_y[mine], index=mine if indexed else None).loss
         loss = group.average_gradients(params, len(mine), len(idx), loss)
         if indexed and group.distributed:   # every rank keeps every sample's state: share this step's rows
             group.share_sample_state(s.rule, idx)
@@ -215,10 +220,12 @@ def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log,
         folder.start(config.to_dict(), history)
     board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard and main else None
     for epoch in range(start + 1, config.epochs + 1):
-        t0 = time.perf_counter()
-        batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
+        t0, c0 = time.perf_counter(), compile_seconds()
+        with compiling(config.compile):
+            batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
         seconds = time.perf_counter() - t0
         record = epoch_metrics(s, epoch, batch_loss, seconds)
+        record["compile_seconds"] = compile_seconds() - c0   # included in epoch_seconds
         history.append(record)
         due = epoch % config.checkpoint_every == 0 or epoch == config.epochs
         if main:
@@ -226,8 +233,9 @@ def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log,
         if board is not None:
             board.log_epoch(record, s.model.modules())
         if log:
+            compiled = f" (compile {record['compile_seconds']:.1f}s)" if record["compile_seconds"] else ""
             log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  "
-                f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s")
+                f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s{compiled}")
     if board is not None:
         board.close()
     if main:
@@ -240,7 +248,9 @@ def _check_same_run(out: Path, config: TrainConfig) -> None:
     """Refuse to resume a folder that holds a run with different settings (only ``epochs`` may grow)."""
     saved = load_config(out).to_dict()
     current = config.to_dict()
-    diff = sorted(k for k in current if k not in ("epochs", "out", "device", "tensorboard", "threads", "nproc", "dist_timeout") and saved.get(k) != current[k])
+    diff = sorted(k for k in current
+                  if k not in ("epochs", "out", "device", "tensorboard", "threads", "compile", "nproc", "dist_timeout")
+                  and saved.get(k, TrainConfig().to_dict().get(k)) != current[k])
     if diff:
         raise RunFolderError(f"{out} holds a run with different settings ({', '.join(diff)}); "
                              "use another --out folder, or --overwrite to replace it")

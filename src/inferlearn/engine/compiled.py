@@ -1,0 +1,220 @@
+"""Compiled inference steps: ``torch.compile`` one step of each iterative rule and reuse it.
+
+Every iterative rule repeats one small step many times per mini-batch: a block projected-gradient
+sweep of the lifted solvers (contrastive, J_0, EqProp, lifted-Fenchel), a simultaneous gradient
+step of predictive coding; back-propagation is one step per batch. On a small MLP each step is a
+few matrix products and a dozen element-wise operations, so eager PyTorch spends most of its time
+dispatching operations one by one. A :class:`CompiledStep` wraps the step function (a pure function
+of tensors and constants, used by the eager path too) and, when compilation is on, runs it through
+``torch.compile(dynamic=False)``: one compiled graph per input shape, reused across steps, batches
+and epochs (never the unrolled loop). On CUDA the default compiled mode is ``"reduce-overhead"``,
+which captures the step with CUDA graphs.
+
+Switch it on process-wide with :func:`set_compile` (``TrainConfig.compile`` / ``inferlearn train
+--compile`` do this) or for a block with :func:`compiling`::
+
+    from inferlearn.engine.compiled import compiling
+    with compiling("on"):
+        rule.backward(model, x, labels)
+
+Modes (:data:`MODES`): ``"auto"`` (on for CUDA tensors, off on CPU: on CPU compiling takes seconds
+and gains little, ``benchmarks/results/compile.md``), ``"on"`` (CUDA graphs on CUDA, inductor's C++
+kernels on CPU), ``"no-cudagraphs"`` (compiled, without CUDA graphs) and ``"off"`` (eager).
+
+If compilation is unavailable or fails (no C++ compiler, an unsupported PyTorch build, an error in
+a backend), the step runs eagerly and one :class:`CompileWarning` is issued for the whole process;
+no later step tries again. Shapes beyond :data:`MAX_SHAPES` per step also run eagerly, so a
+process compiles a bounded number of graphs (the training loop runs an epoch's last, partial batch
+eagerly rather than compiling its shape). Compile time (the first call of each shape) is summed in :func:`compile_seconds`.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import types
+import warnings
+from collections.abc import Callable
+
+import torch
+
+MODES = ("auto", "off", "on", "no-cudagraphs")
+MAX_SHAPES = 16     # compiled graphs per step function; further shapes run eagerly
+
+
+class CompileWarning(RuntimeWarning):
+    """``torch.compile`` is unavailable or failed: the steps run eagerly (issued once per process)."""
+
+
+_state = threading.local()
+_global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0}
+
+
+def check_compile_mode(mode: str) -> str:
+    """Validate a mode name (one of :data:`MODES`)."""
+    if mode not in MODES:
+        raise ValueError(f"Invalid compile mode: {mode!r}; choose one of {list(MODES)}")
+    return mode
+
+
+def set_compile(mode: str) -> str:
+    """Set the process-wide compile mode; returns the previous one."""
+    check_compile_mode(mode)
+    old = _global["mode"]
+    _global["mode"] = mode
+    return old
+
+
+def compile_mode() -> str:
+    """The compile mode in effect (a :func:`compiling` block's, else the process-wide one)."""
+    return getattr(_state, "mode", None) or _global["mode"]
+
+
+@contextlib.contextmanager
+def compiling(mode: str = "on"):
+    """Run a block with compile mode ``mode`` (this thread only)."""
+    check_compile_mode(mode)
+    old = getattr(_state, "mode", None)
+    _state.mode = mode
+    try:
+        yield
+    finally:
+        _state.mode = old
+
+
+def torch_mode(mode: str, device: torch.device) -> str | None:
+    """The ``torch.compile`` mode for ``mode`` on ``device`` (``None``: eager)."""
+    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+        return None
+    if device.type == "cuda" and mode in ("on", "auto"):
+        return "reduce-overhead"          # CUDA graphs
+    return "default"
+
+
+def compile_seconds() -> float:
+    """Seconds spent compiling (the first call of every compiled shape) since the process started."""
+    return _global["seconds"]
+
+
+def compiled_graphs() -> int:
+    """How many step graphs have been compiled since the process started."""
+    return _global["graphs"]
+
+
+def compile_failed() -> bool:
+    """Whether compilation failed (and the steps run eagerly) in this process."""
+    return _global["failed"]
+
+
+def reset_compile_state() -> None:
+    """Forget a failure and the counters (tests); compiled graphs stay cached in their steps."""
+    _global.update(failed=False, warned=False, seconds=0.0, graphs=0)
+
+
+def _fail(name: str, exc: BaseException) -> None:
+    _global["failed"] = True
+    if not _global["warned"]:
+        _global["warned"] = True
+        warnings.warn(f"torch.compile is unavailable or failed ({type(exc).__name__}: {str(exc)[:200]}) while "
+                      f"compiling {name}; running eagerly (use compile 'off' to silence this)",
+                      CompileWarning, stacklevel=3)
+
+
+def _key(args) -> tuple:
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append((tuple(a.shape), a.dtype, a.device, a.requires_grad))
+        elif isinstance(a, (list, tuple)):
+            out.append(_key(a))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _first_device(args) -> torch.device:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, (list, tuple)):
+            d = _first_device(a)
+            if d is not None:
+                return d
+    return torch.device("cpu")
+
+
+def _fresh_copy(fn: Callable) -> Callable:
+    """``fn`` with its own code object: dynamo keeps one cache (and one recompile limit) per code object,
+    so each compiled shape gets its own instead of sharing ``torch._dynamo.config.recompile_limit``."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+def _clone_out(out):
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (list, tuple)):
+        return type(out)(_clone_out(o) for o in out)
+    return out
+
+
+class CompiledStep:
+    """A step function run eagerly or through ``torch.compile`` according to :func:`compile_mode`.
+
+    ``fn`` takes tensors, lists of tensors and hashable constants (floats, bools, ``None``, tuples);
+    constants are baked into the graph (a new value is a new shape key). Values that change every
+    batch, such as step sizes computed from the weights, must be passed as tensors.
+    """
+
+    def __init__(self, fn: Callable, name: str | None = None):
+        self.fn, self.name = fn, name or fn.__name__
+        self._graphs: dict = {}
+        self.__doc__ = fn.__doc__
+
+    def active(self, device: torch.device) -> bool:
+        """Whether a call with tensors on ``device`` would run compiled."""
+        return not _global["failed"] and torch_mode(compile_mode(), device) is not None
+
+    def __call__(self, *args):
+        if _global["failed"]:
+            return self.fn(*args)
+        device = _first_device(args)
+        tmode = torch_mode(compile_mode(), device)
+        if tmode is None:
+            return self.fn(*args)
+        key = (tmode, _key(args))
+        graph = self._graphs.get(key)
+        if graph is None:
+            if sum(1 for k in self._graphs if k[0] == tmode) >= MAX_SHAPES:
+                return self.fn(*args)
+            t0 = time.perf_counter()
+            try:
+                graph = torch.compile(_fresh_copy(self.fn), dynamic=False, fullgraph=True, mode=tmode)
+                out = self._run(graph, tmode, args)
+            except Exception as exc:   # noqa: BLE001 -- any backend failure: eager, one warning
+                _fail(self.name, exc)
+                return self.fn(*args)
+            _global["seconds"] += time.perf_counter() - t0
+            _global["graphs"] += 1
+            self._graphs[key] = graph
+            return out
+        return self._run(graph, tmode, args)
+
+    @staticmethod
+    def _run(graph, tmode: str, args):
+        if tmode == "reduce-overhead":
+            # CUDA graphs reuse their output buffers on the next replay: mark the step and hand out copies
+            torch.compiler.cudagraph_mark_step_begin()
+            return _clone_out(graph(*args))
+        return graph(*args)
+
+
+def compiled_step(fn: Callable) -> CompiledStep:
+    """Decorator form of :class:`CompiledStep`."""
+    return CompiledStep(fn)
+
+
+__all__ = ["MODES", "MAX_SHAPES", "CompileWarning", "CompiledStep", "compiled_step", "check_compile_mode", "set_compile",
+           "compile_mode", "compiling", "torch_mode", "compile_seconds", "compiled_graphs", "compile_failed",
+           "reset_compile_state"]
