@@ -32,7 +32,7 @@ try:
     import jax
     import jax.numpy as jnp
     import optax
-    import pcx as px  # noqa: F401  (the version is read from the package metadata)
+    import pcx as px
     import pcx.functional as pxf
     import pcx.nn as pxnn
     import pcx.predictive_coding as pxc
@@ -40,7 +40,7 @@ try:
 except ImportError as exc:   # run with the wrong interpreter
     print(json.dumps({"ok": False, "error": f"cannot import PCX/JAX ({exc}); run this worker with the PCX venv's python"}),
           flush=True)
-    raise SystemExit(2)
+    raise SystemExit(2) from None
 
 IMAGE = (1, 28, 28)
 
@@ -60,7 +60,7 @@ class PCNet(pxc.EnergyModule):
         super().__init__()
         self.kind = px.static(kind)
         layers = []
-        for w, b in weights:
+        for w, _ in weights:
             if w.ndim == 4:
                 layer = pxnn.Conv2d(w.shape[1], w.shape[0], 3, padding=1)
             else:
