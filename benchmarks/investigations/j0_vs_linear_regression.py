@@ -104,7 +104,7 @@ def train_variant(name, args, act="relu", rule="lifted-j0", opts=None, arch=ARCH
         print(json.dumps({"variant": name, **{k: history[-1][k] for k in ("epoch", "train_loss", "test_acc",
                                                                           "active_fraction")}}), flush=True)
     out = {"name": name, "history": history, "diverged": diverged, "minutes": (time.perf_counter() - t0) / 60}
-    if history:
+    if history and diverged is None:   # a diverged run's weights are not worth measuring
         sd = s.model.state_dict()
         out["moved"] = [float((sd[k] - w0[k]).norm() / w0[k].norm()) for k in w0]
         out["norms"] = [float(sd[k].norm()) for k in w0]
@@ -169,8 +169,13 @@ def main():
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--part", choices=["main", "scaling"], default="main",
+                    help="main: sections 1-4; scaling: the global 1/γ^{L-1} scaling after a linearising warm-up "
+                         "(section 1 only, into OUT_scaling.*)")
     ap.add_argument("--out", default=str(RESULTS / "j0_investigation"), help="writes OUT.md, OUT.png, OUT.json")
     args = ap.parse_args()
+    if args.part == "scaling":
+        args.out = args.out + "_scaling"
     torch.set_num_threads(1)
     t_start = time.perf_counter()
     variants = [
@@ -187,11 +192,23 @@ def main():
         ("J_0 global scaling, 0.01 η", dict(opts={"scaling": "global"}, schedule=(0, 1, 0.01))),
         ("J_0 global scaling, 0.001 η", dict(opts={"scaling": "global"}, schedule=(0, 1, 0.001))),
     ]
+    if args.part == "scaling":
+        g = {"scaling": "global"}
+        variants = [
+            ("J_0 global, linear units, 0.1 η", dict(act="linear", opts=g, schedule=(0, 1, 0.1))),
+            ("J_0 global, 5 ep. 0.001 η, then 0.1 η", dict(opts=g, schedule=(5, 0.001, 0.1))),
+            ("J_0 global, 5 ep. 0.001 η, then 0.3 η", dict(opts=g, schedule=(5, 0.001, 0.3))),
+            ("J_0 global, hard sigmoid, 5 ep. 0.001 η, then 0.1 η", dict(act="hard-sigmoid", opts=g,
+                                                                         schedule=(5, 0.001, 0.1))),
+            ("J_0 global, hard sigmoid, 10 ep. 0.001 η, then 0.1 η", dict(act="hard-sigmoid", opts=g,
+                                                                          schedule=(10, 0.001, 0.1))),
+            ("J_0 global, hard sigmoid, 10 ep. 0.001 η, then 0.03 η", dict(act="hard-sigmoid", opts=g,
+                                                                           schedule=(10, 0.001, 0.03))),
+        ]
     runs = {}
     for name, kw in variants:
         runs[name] = train_variant(name, args, **kw)
-    default = runs["J_0 default: 5 ep. 0.1 η, then 0.3 η"]
-    s = default["setup"]
+    s = next(r["setup"] for r in runs.values())
     # closed-form linear regression on the same training subset
     w, b = least_squares_fit(s.train_x, s.train_y, 10)
     lr_train_out = s.train_x.double() @ w.T + b
@@ -200,11 +217,15 @@ def main():
     lr_train = float((lr_train_out.argmax(1) == s.train_y).double().mean())
     init = build(TrainConfig(data="mnist", arch=ARCH, act="relu", rule="backprop", seed=args.seed,
                              limit_train=args.limit_train, out="/tmp/inferlearn-j0-investigation"))
+    init_refit = refit_accuracy(init.model, init)
+    if args.part == "scaling":
+        write(args, runs, (lr_loss, lr_train, lr_test), None, None, None, init_refit, time.perf_counter() - t_start)
+        return
+    default = runs["J_0 default: 5 ep. 0.1 η, then 0.3 η"]
     xb, yb = s.train_x[:200], s.train_y[:200]
     grads = {"initial": grad_table(init.model, xb, yb), "J_0-trained": grad_table(default["model"], xb, yb)}
     solvers = {"initial": solver_table(init.model, xb, yb), "J_0-trained": solver_table(default["model"], xb, yb)}
     rescale = rescale_table(default["model"], s)
-    init_refit = refit_accuracy(init.model, init)
     write(args, runs, (lr_loss, lr_train, lr_test), grads, solvers, rescale, init_refit, time.perf_counter() - t_start)
 
 
@@ -217,7 +238,8 @@ def write(args, runs, lr, grads, solvers, rescale, init_refit, seconds):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = (f"OMP_NUM_THREADS=1 python benchmarks/investigations/j0_vs_linear_regression.py --limit-train "
-           f"{args.limit_train} --epochs {args.epochs} --lr {args.lr} --seed {args.seed}")
+           f"{args.limit_train} --epochs {args.epochs} --lr {args.lr} --seed {args.seed}"
+           + (" --part scaling" if args.part == "scaling" else ""))
     L = ["# Why standard lifted training (J_0) ends below linear regression", "", f"Command: `{cmd}`", "",
          f"MNIST, first {args.limit_train} training images, the whole test set, `{ARCH}`, γ = 1/8, SGD batch 50, "
          f"η = {args.lr}, {args.epochs} epochs, seed {args.seed} (same initial weights for every network). "
@@ -236,12 +258,15 @@ def write(args, runs, lr, grads, solvers, rescale, init_refit, seconds):
             L.append(f"| {name} | {r['diverged']} | | | | | | |")
             continue
         h = r["history"][-1]
-        moved = " / ".join(f"{m:.2f}" for m in r["moved"])
+        moved = " / ".join(f"{m:.2f}" for m in r["moved"]) if "moved" in r else "—"
         note = f" ({r['diverged']})" if r["diverged"] else ""
         j0 = f"{r['j0']:.4f}" if "j0" in r else "—"
         refit = f"{r['refit']:.4f}" if "refit" in r else "—"
         L.append(f"| {name}{note} | {h['train_loss']:.4f} | {h['train_acc']:.4f} | {h['test_acc']:.4f} | "
                  f"{h['active_fraction']:.3f} | {j0} | {moved} | {refit} |")
+    if solvers is None:
+        L += ["", f"Wall time {seconds / 60:.0f} min. Test accuracy per epoch: `{out.with_suffix('.png').name}`.", ""]
+        return _finish(out, L, runs, lr)
     L += ["", "## 2. Solver accuracy: relative error of J_0's weight gradient against the float64 reference", "",
           "First 200 training images.", "",
           "| weights | solver | W0 | W1 | W2 | W3 |", "|---|---|---|---|---|---|"]
@@ -262,6 +287,15 @@ def write(args, runs, lr, grads, solvers, rescale, init_refit, seconds):
     for sc, acc, val in rescale:
         L.append(f"| {sc} | {acc:.4f} | {val:.4f} |")
     L += ["", f"Wall time {seconds / 60:.0f} min. Test accuracy per epoch: `{out.with_suffix('.png').name}`.", ""]
+    return _finish(out, L, runs, lr)
+
+
+def _finish(out, L, runs, lr):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     out.with_suffix(".md").write_text("\n".join(L))
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, r in runs.items():
