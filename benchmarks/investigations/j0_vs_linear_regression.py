@@ -240,7 +240,10 @@ def write(args, runs, lr, grads, solvers, rescale, init_refit, seconds):
     cmd = (f"OMP_NUM_THREADS=1 python benchmarks/investigations/j0_vs_linear_regression.py --limit-train "
            f"{args.limit_train} --epochs {args.epochs} --lr {args.lr} --seed {args.seed}"
            + (" --part scaling" if args.part == "scaling" else ""))
-    L = ["# Why standard lifted training (J_0) ends below linear regression", "", f"Command: `{cmd}`", "",
+    title = "# Why standard lifted training (J_0) ends below linear regression"
+    if args.part == "scaling":
+        title += ": the global scaling after a linearising warm-up"
+    L = [title, "", f"Command: `{cmd}`", "",
          f"MNIST, first {args.limit_train} training images, the whole test set, `{ARCH}`, γ = 1/8, SGD batch 50, "
          f"η = {args.lr}, {args.epochs} epochs, seed {args.seed} (same initial weights for every network). "
          "Schedules are factors of η. *J_0 / sample*: `min Ê / γ^{L-1}` on the first 1000 training images "
