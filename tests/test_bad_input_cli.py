@@ -60,6 +60,7 @@ CASES = [
  (T + ["--lr-schedule", "cosine"], "Invalid lr schedule 'cosine'"),
  (T + ["--lr-schedule", "scaled:0"], "Invalid lr schedule 'scaled:0'"),
  (T + ["--lr-schedule", "scaled:abc"], "Invalid lr schedule 'scaled:abc'"),
+ (T + ["--lr-schedule", "warmup:5:0:0.1"], "Invalid lr schedule 'warmup:5:0:0.1'"),
  (T + ["--device", "mps"], "Unsupported device 'mps'"),
  (T + ["--threads", "0"], "Invalid --threads 0"),
  (A + ["--threads", "-1"], "Invalid --threads -1"),

@@ -85,10 +85,29 @@ def test_gamma_sweep_rows_and_linear_units_exact_cosine():
     assert {r["gamma"] for r in rows} == {1 / 2, 1 / 64, 1 / 1024} and len(rows) == 3 * 8
     err = {g: max(r["rel_error"] for r in rows if r["gamma"] == g) for g in (1 / 2, 1 / 64, 1 / 1024)}
     assert err[1 / 2] > err[1 / 64] > err[1 / 1024] and err[1 / 1024] < 1e-2
-    assert "| 0.5 |" in sweep_markdown(rows)
+    assert "| 1/2 |" in sweep_markdown(rows) and "| 1/1024 |" in sweep_markdown(rows)
     lin, x, labels = _setup("linear")
     rows = gamma_sweep(lin, x, labels, gammas=(1e-4,))
     assert min(r["cosine"] for r in rows) > 0.9999
+
+
+def test_gamma_sweep_j0_output_layer_matches_hidden_layers_do_not():
+    """Guards against the J_0 sweep comparing the wrong gradient: J_0's output-layer gradient is the
+    clamped phase's, equal to contrastive's (the free phase has a zero output residual), while its
+    hidden layers keep the O(1) residuals of units at their bounds and do not approach back-propagation
+    as γ → 0 (the paper's claim), unlike contrastive's."""
+    model, x, labels = _setup("relu")
+    j1 = gamma_sweep(model, x, labels, gammas=(1 / 256,))
+    j0 = gamma_sweep(model, x, labels, gammas=(1 / 256,), rule="lifted-j0")
+    assert {r["rule"] for r in j0} == {"lifted-j0"}
+    out = "layers.3.weight"
+    c1 = next(r["cosine"] for r in j1 if r["param"] == out)
+    c0 = next(r["cosine"] for r in j0 if r["param"] == out)
+    assert c0 == pytest.approx(c1, abs=1e-9)
+    hidden = [r["cosine"] for r in j0 if r["param"] in ("layers.0.weight", "layers.1.weight")]
+    assert max(hidden) < 0.9 < min(r["cosine"] for r in j1 if r["param"].endswith("weight"))
+    with pytest.raises(ValueError, match="Unknown rule"):
+        gamma_sweep(model, x, labels, gammas=(1.0,), rule="eqprop")
 
 
 def test_filter_pictures(tmp_path):

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from inferlearn.training.schedules import warmup_schedule
+from inferlearn.training.schedules import check_schedule, make_schedule, warmup_schedule
 
 from inferlearn.diagnostics import rule_gradients
 from inferlearn.engine.dense import LiftedEnergy, contrastive_grads, contrastive_problem
@@ -183,6 +183,18 @@ def test_rules_registry_options_and_lr_schedule():
             make_rule("contrastive", bad)
     with pytest.raises(ValueError, match="Invalid warmup_scale"):
         warmup_schedule(opt, warmup_scale=0)
+    # the named, parameterised warm-up (J_0 with the global scaling: benchmarks/results/j0_investigation_scaling.md)
+    opt = torch.optim.SGD(MLP("6-5-3").parameters(), lr=1.0)
+    sched = make_schedule("warmup:2:0.001:0.1", opt)
+    lrs = []
+    for _ in range(3):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.001, 0.001, 0.1])
+    for bad in ("warmup:2:0:0.1", "warmup:1.5:0.1:0.3", "warmup:2:0.1", "warmup:-1:0.1:0.3", "warmup:2:nan:1"):
+        with pytest.raises(ValueError, match="use warmup:E:F:A"):
+            check_schedule(bad)
     with pytest.raises(ValueError, match="Unknown option 'warmup_scale'"):
         make_rule("lifted-j0", {"warmup_scale": "0.1"})
     model = MLP("6-5-3", "relu", seed=0)

@@ -22,6 +22,31 @@ def test_reproduce_table1_shortened(mnist_dir, tmp_path, capsys):
     assert "| back-propagation |" in capsys.readouterr().out
 
 
+def test_reproduce_figure1_shortened(mnist_dir, tmp_path):
+    """Guards against Fig. 1 drawing the wrong network or rules: the paper's 784-64-64-10 ReLU network
+    trained by BP, contrastive and J_0 from the same seed, filters side by side, the exact command."""
+    out = tmp_path / "f"
+    assert main(["reproduce", "lifted", "--figure", "1", "--epochs", "1", "--limit-train", "200",
+                 "--data-dir", mnist_dir, "--out", str(out)]) == 0
+    md = (out / "figure1" / "figure1.md").read_text()
+    assert "784-64-64-10 (relu)" in md
+    assert "inferlearn reproduce lifted --figure 1 --epochs 1 --acts relu --rows backprop,contrastive,lifted-j0" in md
+    for row in ("back-propagation", "contrastive (J_1)", "standard lifted (J_0)"):
+        assert f"| {row} |" in md
+    assert "linear regression" not in md
+    assert (out / "figure1" / "filters_relu.png").stat().st_size > 1000
+    cfg = (out / "figure1" / "relu" / "contrastive" / "config.json").read_text()
+    assert '"784-64-64-10"' in cfg
+
+
+def test_reproduce_alignment_gammas(tmp_path, capsys):
+    """Guards against a bad --gammas or --alignment-rules value starting a run."""
+    for argv, msg in ((["--gammas", "1,0"], "Invalid gamma '0'"), (["--gammas", "1/x"], "Invalid gamma '1/x'"),
+                      (["--alignment-rules", "eqprop"], "Unknown rule 'eqprop'")):
+        assert main(["reproduce", "lifted", "--alignment", *argv, "--out", str(tmp_path / "a")]) == 2
+        assert msg in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["--table", "5"], "invalid choice"),
     (["--table", "1", "--gamma", "0"], "Invalid gamma: 0"),

@@ -66,7 +66,8 @@ cli_values = {
     "--act": st.sampled_from(["relu", "hard-sigmoid", "hardtanh", "linear", "swish", "", "RELU"]),
     "--momentum": st.floats(-1, 2).map(repr),
     "--init-scale": st.one_of(st.floats(allow_nan=True).map(repr), st.just("0")),
-    "--lr-schedule": st.sampled_from(["constant", "warmup", "scaled:0.5", "scaled:-1", "cosine", "scaled:"]),
+    "--lr-schedule": st.sampled_from(["constant", "warmup", "scaled:0.5", "scaled:-1", "cosine", "scaled:",
+                                           "warmup:1:0.5:1", "warmup:1:0:1", "warmup:"]),
     "--rule": st.sampled_from(sorted(RULES) + ["nope", ""]),
     "--limit-train": st.one_of(st.integers(-1, 120).map(str), st.just("many")),
 }

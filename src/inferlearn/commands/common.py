@@ -25,7 +25,8 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate (default %(default)s)")
     p.add_argument("--momentum", type=float, default=defaults.momentum)
     p.add_argument("--lr-schedule", default=defaults.lr_schedule,
-                   help="constant, warmup (5 epochs at 0.1×lr, then 0.3×lr) or scaled:F (default %(default)s)")
+                   help="constant, warmup (5 epochs at 0.1×lr, then 0.3×lr), warmup:E:F:A (E epochs at F×lr, then A×lr) "
+                        "or scaled:F (default %(default)s)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in)")
     p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")

@@ -83,21 +83,9 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
         results[act] = {}
         for rule in rows:
             folder = root / ("any" if rule == "linear-regression" else act) / rule
-            opts = {"gamma": gamma} if rule in GAMMA_RULES else {}
-            if solver and rule in GAMMA_RULES:
-                opts["solver"] = solver
-            arch, schedule, train_rule = spec.arch, "constant", rule
-            if rule == "linear-regression":
-                # the model without hidden layers, back-propagated; least squares on raw pixels:
-                # η = 1/20 is above its stability limit, hence 0.1 × η
-                sizes = spec.arch.split("-")
-                arch, schedule, train_rule = f"{sizes[0]}-{sizes[-1]}", "scaled:0.1", "backprop"
-            elif rule == "lifted-j0":
-                schedule = "warmup"   # "the first epochs utilized a smaller learning rate"
-            cfg = TrainConfig(data=spec.data, arch=arch, act="relu" if rule == "linear-regression" else act,
-                              rule=train_rule, rule_options=opts, epochs=epochs, batch_size=batch_size,
-                              optimizer="sgd", lr=lr, lr_schedule=schedule, seed=seed, out=str(folder),
-                              data_dir=data_dir, limit_train=limit_train, allow_unverified=allow_unverified)
+            cfg = row_config(spec, rule, act, folder, epochs=epochs, gamma=gamma, lr=lr, batch_size=batch_size,
+                             seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver,
+                             allow_unverified=allow_unverified)
             if log:
                 log(f"table {n} {act} {rule}: {epochs} epochs -> {folder}")
             try:
@@ -115,6 +103,85 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
                          title=f"First-layer filters, {spec.data} {spec.arch} {act}")
     md = _markdown(n, spec, epochs, results, gamma, lr, batch_size, seed, limit_train, command, time.time() - t_start)
     write_text(md, root / f"table{n}.md")
+    return md
+
+
+def row_config(spec: TableSpec, rule: str, act: str, folder: str | Path, epochs: int, gamma: float = 1 / 8,
+               lr: float = 0.05, batch_size: int = 50, seed: int = 0, data_dir: str | None = None,
+               limit_train: int | None = None, solver: str | None = None,
+               allow_unverified: bool = False) -> TrainConfig:
+    """The training configuration of one row of a table (or of Fig. 1): rule, schedule and model.
+
+    Back-propagation and contrastive learning use η throughout; standard lifted training the
+    ``warmup`` schedule ("the first epochs utilized a smaller learning rate"); linear regression is
+    back-propagation on the model without hidden layers at 0.1 × η (least squares on raw pixels:
+    η = 1/20 is above its stability limit).
+    """
+    opts = {"gamma": gamma} if rule in GAMMA_RULES else {}
+    if solver and rule in GAMMA_RULES:
+        opts["solver"] = solver
+    arch, schedule, train_rule = spec.arch, "constant", rule
+    if rule == "linear-regression":
+        sizes = spec.arch.split("-")
+        arch, schedule, train_rule = f"{sizes[0]}-{sizes[-1]}", "scaled:0.1", "backprop"
+    elif rule == "lifted-j0":
+        schedule = "warmup"
+    return TrainConfig(data=spec.data, arch=arch, act="relu" if rule == "linear-regression" else act,
+                       rule=train_rule, rule_options=opts, epochs=epochs, batch_size=batch_size,
+                       optimizer="sgd", lr=lr, lr_schedule=schedule, seed=seed, out=str(folder),
+                       data_dir=data_dir, limit_train=limit_train, allow_unverified=allow_unverified)
+
+
+# Fig. 1: "the first layer weights of a fully connected 784-64-64-10 ReLU network trained on MNIST";
+# the paper gives no epoch count for the figure, so the default is its MNIST training length.
+FIGURE1 = TableSpec("mnist", "784-64-64-10", 100, (1, 28, 28))
+FIGURE1_ROWS = ("backprop", "contrastive", "lifted-j0")
+
+
+def reproduce_figure1(out: str | Path, epochs: int | None = None, act: str = "relu", rows=FIGURE1_ROWS,
+                      gamma: float = 1 / 8, lr: float = 0.05, batch_size: int = 50, seed: int = 0,
+                      data_dir: str | None = None, limit_train: int | None = None, solver: str | None = None,
+                      command: str = "", progress: bool = False, log=print) -> str:
+    """Fig. 1: train BP, contrastive and standard lifted on MNIST 784-64-64-10 (ReLU) from the same
+    weights and draw their first-layer filters side by side; returns (and writes) ``figure1.md``.
+
+    Runs live in ``out/figure1/{act}/{rule}`` and resume like the tables'; the picture is
+    ``out/figure1/filters_{act}.png`` (the first 64 filters of each rule, each on its own grey scale).
+    """
+    spec = FIGURE1
+    epochs = epochs or spec.epochs
+    for r in rows:
+        if r not in FIGURE1_ROWS:
+            raise ValueError(f"Unknown row {r!r} for Fig. 1; choose from {list(FIGURE1_ROWS)}")
+    root = Path(out) / "figure1"
+    results = {}
+    for rule in rows:
+        folder = root / act / rule
+        cfg = row_config(spec, rule, act, folder, epochs=epochs, gamma=gamma, lr=lr, batch_size=batch_size,
+                         seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver)
+        if log:
+            log(f"figure 1 {act} {rule}: {epochs} epochs -> {folder}")
+        results[rule] = train(cfg, progress=progress, resume=True, log=log)
+    png = root / f"filters_{act}.png"
+    plot_filters({ROW_NAMES[r]: _first_layer(root / act / r) for r in rows}, spec.image_shape, png,
+                 title=f"Fig. 1: first-layer filters, {spec.data} {spec.arch} {act}, {epochs} epochs")
+    plot_curves({ROW_NAMES[r]: h for r, h in results.items()}, root / f"curves_{act}.png",
+                title=f"Fig. 1: {spec.data} {spec.arch} {act}")
+    lines = [f"# Fig. 1: first-layer filters, {spec.data} {spec.arch} ({act})", ""]
+    if command:
+        lines += ["Produced by:", "", "```", command, "```", ""]
+    lines += [f"Settings: {epochs} epochs (the paper does not give the figure's; its MNIST runs use 100), SGD η = {lr}, "
+              f"batch {batch_size}, γ = {gamma:g}, seed {seed} (same initial weights), "
+              f"{'all' if limit_train is None else limit_train} training samples; learning rates as in Table 1. "
+              f"Picture: `filters_{act}.png` (first 64 filters per rule, each on its own symmetric grey scale).", "",
+              "| method | train | test | active |", "|---|---|---|---|"]
+    for rule, h in results.items():
+        last = h[-1]
+        lines.append(f"| {ROW_NAMES[rule]} | {last['train_acc']:.4f} | {last['test_acc']:.4f} | "
+                     f"{last['active_fraction']:.3f} |")
+    lines.append("")
+    md = "\n".join(lines)
+    write_text(md, root / "figure1.md")
     return md
 
 
@@ -171,33 +238,57 @@ def summary_json(results: dict) -> str:
 def alignment_report(data: str = "mnist", arch: str = "784-64-64-64-10", acts=("relu", "hard-sigmoid"),
                      gammas=(1.0, 1 / 2, 1 / 8, 1 / 32, 1 / 128), batch: int = 100, seed: int = 0,
                      bp_epochs: int = 1, limit_train: int | None = 10000, data_dir: str | None = None,
-                     command: str = "") -> str:
-    """Markdown: cosine and relative error of the contrastive gradient vs BackProp's, swept over γ.
+                     rules=("contrastive",), png: str | Path | None = None, command: str = "") -> str:
+    """Markdown: cosine and relative error of the lifted rules' gradients vs BackProp's, swept over γ.
 
     For each unit type the network is evaluated at its initial weights and after ``bp_epochs``
     epochs of back-propagation (a briefly trained network), on the first ``batch`` training samples,
-    in float64 with the reference solver (:func:`inferlearn.alignment.gamma_sweep`).
+    in float64 with the reference solver (:func:`inferlearn.experiments.alignment.gamma_sweep`), for
+    each of ``rules`` (``contrastive``, ``lifted-j0``). ``png``: also draw cosine vs γ per setting.
     """
-    from .alignment import gamma_sweep, sweep_markdown
+    from .alignment import gamma_sweep, plot_sweeps, sweep_markdown
     from ..training.loop import build, run_epoch
 
-    lines = ["# Gradient alignment of contrastive learning with back-propagation, swept over γ", ""]
+    names = {"contrastive": "contrastive (J_1)", "lifted-j0": "standard lifted (J_0)"}
+    lines = ["# Gradient alignment of " + " and ".join(names[r] for r in rules) + " with back-propagation, swept over γ",
+             ""]
     if command:
         lines += ["Produced by:", "", "```", command, "```", ""]
     lines += [f"Data `{data}`, `{arch}`, first {batch} training samples, float64, reference solver. Each cell: cosine "
               "similarity / relative error ‖g − g_BP‖/‖g_BP‖ of the weight gradient of layer k "
               "(contrastive gradient divided by γ^{L-1}). docs/maths.md §A predicts an O(γ) difference, smaller for "
-              "earlier layers.", ""]
+              "earlier layers."]
+    if "lifted-j0" in rules:
+        lines += ["Standard lifted (J_0): its gradient of layer k is divided by γ^k (the rule's default "
+                  "scaling); the cosine does not depend on that per-layer scale, so only the cosine is given. "
+                  "The paper: \"standard lifted networks do not approximate back-propagation even in the small "
+                  "feedback setting\"."]
+    lines.append("")
+    panels = {}
     for act in acts:
         cfg = TrainConfig(data=data, arch=arch, act=act, rule="backprop", epochs=bp_epochs, batch_size=50, lr=0.05,
                           seed=seed, out="/tmp/inferlearn-alignment", data_dir=data_dir, limit_train=limit_train)
         s = build(cfg)
         x, labels = s.train_x[:batch], s.train_y[:batch]
-        lines += [f"## {act}: initial weights", "", sweep_markdown(gamma_sweep(s.model, x, labels, gammas)), ""]
-        for epoch in range(1, bp_epochs + 1):
-            run_epoch(s, cfg, epoch, progress=False)
-        lines += [f"## {act}: after {bp_epochs} epoch(s) of back-propagation on {limit_train or 'all'} samples", "",
-                  sweep_markdown(gamma_sweep(s.model, x, labels, gammas)), ""]
+        for state in ("initial", "trained"):
+            if state == "initial":
+                head = f"{act}: initial weights"
+            else:
+                for epoch in range(1, bp_epochs + 1):
+                    run_epoch(s, cfg, epoch, progress=False)
+                head = f"{act}: after {bp_epochs} epoch(s) of back-propagation on {limit_train or 'all'} samples"
+            lines += [f"## {head}", ""]
+            panel = []
+            for rule in rules:
+                rows = gamma_sweep(s.model, x, labels, gammas, rule=rule)
+                panel += rows
+                if len(rules) > 1:
+                    lines += [f"{names[rule]}:", ""]
+                lines += [sweep_markdown(rows, cosine_only=rule == "lifted-j0"), ""]
+            panels[f"{act}, {'initial' if state == 'initial' else f'after {bp_epochs} BP epoch(s)'}"] = panel
+    if png is not None:
+        plot_sweeps(panels, png)
+        lines += [f"Picture: `{Path(png).name}` (cosine vs γ; solid J_1, dashed J_0; one colour per layer).", ""]
     return "\n".join(lines)
 
 

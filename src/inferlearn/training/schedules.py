@@ -7,6 +7,8 @@ are the ones the command line offers (``--lr-schedule``):
 * ``warmup``: standard lifted training's warm-up (Zach & Estellers 2019, Sec. 5: "the first epochs
   utilized a smaller learning rate"): ``warmup_scale × lr`` for ``warmup_epochs`` epochs, then
   ``after × lr``. Defaults 5 epochs at 0.1, then 0.3 (see :class:`~inferlearn.rules.lifted.LiftedJ0`);
+  ``warmup:E:F:A`` sets them (``E`` epochs at ``F × lr``, then ``A × lr``), e.g. ``warmup:5:0.001:0.1``
+  for J_0 with the global scaling (``benchmarks/results/j0_investigation_scaling.md``);
 * ``scaled:F``: the constant ``F × lr`` (least squares on raw pixels needs ``F = 0.1`` at the
   networks' learning rate, see :func:`inferlearn.baselines.least_squares_fit`).
 """
@@ -32,6 +34,11 @@ def check_schedule(name: str) -> str:
     """Validate a schedule name: ``constant``, ``warmup`` or ``scaled:F`` with ``F > 0``."""
     if name in ("constant", "warmup"):
         return name
+    if name.startswith("warmup:"):
+        if _warmup_parts(name) is not None:
+            return name
+        raise ValueError(f"Invalid lr schedule {name!r}; use warmup:E:F:A (E epochs at F × lr, then A × lr; "
+                         "E ≥ 0 an integer, F, A > 0), e.g. warmup:5:0.001:0.1")
     if name.startswith("scaled:"):
         try:
             f = float(name.split(":", 1)[1])
@@ -39,7 +46,22 @@ def check_schedule(name: str) -> str:
             f = math.nan
         if math.isfinite(f) and f > 0:
             return name
-    raise ValueError(f"Invalid lr schedule {name!r}; use 'constant', 'warmup' or 'scaled:F' (e.g. scaled:0.1)")
+    raise ValueError(f"Invalid lr schedule {name!r}; use 'constant', 'warmup', 'warmup:E:F:A' or 'scaled:F' "
+                     "(e.g. scaled:0.1)")
+
+
+def _warmup_parts(name: str) -> tuple[int, float, float] | None:
+    """``(E, F, A)`` of ``warmup:E:F:A``, or ``None`` when it does not parse or is out of range."""
+    parts = name.split(":")[1:]
+    if len(parts) != 3:
+        return None
+    try:
+        e, f, a = int(parts[0]), float(parts[1]), float(parts[2])
+    except ValueError:
+        return None
+    if e < 0 or not all(math.isfinite(v) and v > 0 for v in (f, a)):
+        return None
+    return e, f, a
 
 
 def make_schedule(name: str, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
@@ -47,5 +69,7 @@ def make_schedule(name: str, optimizer: torch.optim.Optimizer) -> torch.optim.lr
     check_schedule(name)
     if name == "warmup":
         return warmup_schedule(optimizer)
+    if name.startswith("warmup:"):
+        return warmup_schedule(optimizer, *_warmup_parts(name))
     factor = float(name.split(":", 1)[1]) if name.startswith("scaled:") else 1.0
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: factor)
