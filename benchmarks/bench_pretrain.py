@@ -24,7 +24,6 @@ Writes ``benchmarks/results/bench_pretrain.md`` and ``.png``. Run::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path

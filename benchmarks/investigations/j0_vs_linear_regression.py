@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import time
 import warnings
 from pathlib import Path
@@ -233,7 +232,6 @@ def write(args, runs, lr, grads, solvers, rescale, init_refit, seconds):
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -167,9 +167,7 @@ def reproduce_figure1(out: str | Path, epochs: int | None = None, act: str = "re
                  title=f"Fig. 1: first-layer filters, {spec.data} {spec.arch} {act}, {epochs} epochs")
     plot_curves({ROW_NAMES[r]: h for r, h in results.items()}, root / f"curves_{act}.png",
                 title=f"Fig. 1: {spec.data} {spec.arch} {act}")
-    lines = [f"# Fig. 1: first-layer filters, {spec.data} {spec.arch} ({act})", ""]
-    if command:
-        lines += ["Produced by:", "", "```", command, "```", ""]
+    lines = _heading(f"Fig. 1: first-layer filters, {spec.data} {spec.arch} ({act})", command)
     lines += [f"Settings: {epochs} epochs (the paper does not give the figure's; its MNIST runs use 100), SGD η = {lr}, "
               f"batch {batch_size}, γ = {gamma:g}, seed {seed} (same initial weights), "
               f"{'all' if limit_train is None else limit_train} training samples; learning rates as in Table 1. "
@@ -185,15 +183,18 @@ def reproduce_figure1(out: str | Path, epochs: int | None = None, act: str = "re
     return md
 
 
+def _heading(title: str, command: str) -> list[str]:
+    """A results file's title and the command that made it."""
+    return [f"# {title}", ""] + (["Produced by:", "", "```", command, "```", ""] if command else [])
+
+
 def _first_layer(folder: Path) -> torch.Tensor:
     ckpt = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=False)
     return ckpt["model"]["layers.0.weight"]
 
 
 def _markdown(n, spec, epochs, results, gamma, lr, batch_size, seed, limit_train, command, seconds) -> str:
-    lines = [f"# Table {n}: {spec.data}, {spec.arch}", ""]
-    if command:
-        lines += ["Produced by:", "", "```", command, "```", ""]
+    lines = _heading(f"Table {n}: {spec.data}, {spec.arch}", command)
     lines += [f"Settings: {epochs} epochs (paper: {spec.epochs}), SGD η = {lr}, batch {batch_size}, γ = {gamma:g}, "
               f"seed {seed} (all rows start from the same weights), "
               f"{'all' if limit_train is None else limit_train} training samples. "
