@@ -126,7 +126,8 @@ def test_a_killed_rank_ends_the_run_and_it_resumes_with_another_nproc(tmp_path):
     os.kill(_rank_pid(tag, 1, deadline), signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2
-    assert "process 1 of 2 failed (signal 9" in err and "--resume" in err and "Traceback" not in err
+    # rank 0 may notice the lost peer before the launcher does: both are reported, the killed one by its signal
+    assert "process 1 of 2 was killed by signal 9" in err and "--resume" in err and "Traceback" not in err
     done = len(_metrics(run))
     assert 2 <= done < epochs
     r = subprocess.run(CLI + ["train", "--resume", str(run), "--quiet"], env=_env(), capture_output=True, text=True,

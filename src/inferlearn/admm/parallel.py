@@ -127,8 +127,8 @@ class BlockParallelADMM(BlockADMM):
             for w in works:
                 w.wait(datetime.timedelta(seconds=self.group.timeout_s))
         except RuntimeError as exc:
-            raise DistributedError(f"rank {self.group.rank}: a neighbouring block's process did not answer within "
-                                   f"{self.group.timeout_s:g} s ({str(exc).splitlines()[0][:200]})") from None
+            raise DistributedError(f"rank {self.group.rank}: a neighbouring block's process died, or did not answer "
+                                   f"within {self.group.timeout_s:g} s ({str(exc).splitlines()[0][:200]})") from None
         return buf
 
     def _jacobi_z_update(self) -> None:
@@ -192,7 +192,7 @@ class BlockParallelADMM(BlockADMM):
         try:
             fn()
         except RuntimeError as exc:
-            raise DistributedError(f"rank {self.group.rank}: another process did not answer within "
+            raise DistributedError(f"rank {self.group.rank}: another process died, or did not answer within "
                                    f"{self.group.timeout_s:g} s ({str(exc).splitlines()[0][:200]})") from None
 
     # ---- checkpoints: everything gathered on rank 0, in the one-process format -------------------

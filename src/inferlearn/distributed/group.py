@@ -175,8 +175,8 @@ class Group:
 
     def _failure(self, exc: Exception) -> DistributedError:
         return DistributedError(
-            f"rank {self.rank} of {self.world}: the other processes did not answer within {self.timeout_s:g} s "
-            f"(one died or hangs: {str(exc).splitlines()[0][:200]})")
+            f"rank {self.rank} of {self.world}: another process died, or did not answer within {self.timeout_s:g} s "
+            f"({str(exc).splitlines()[0][:200]})")
 
 
 def _buckets(tensors: list[torch.Tensor], cap: int) -> list[list[torch.Tensor]]:

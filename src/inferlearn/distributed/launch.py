@@ -70,9 +70,10 @@ def launch(argv: list[str], nproc: int, resume_hint: str) -> int:
     try:
         elastic_launch(config, sys.executable)("-m", "inferlearn", *argv)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        code = failure.exitcode
-        how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        raise DistributedError(f"process {rank} of {nproc} failed ({how}; its own message, if any, is above); "
-                               f"{resume_hint}") from None
+        parts = []
+        for rank, failure in sorted(exc.failures.items()):
+            code = failure.exitcode
+            parts.append(f"process {rank} of {nproc} " + (f"was killed by signal {-code}" if code < 0
+                                                          else f"failed (exit code {code})"))
+        raise DistributedError("; ".join(parts) + f" (their own messages, if any, are above); {resume_hint}") from None
     return 0
