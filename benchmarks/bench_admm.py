@@ -16,8 +16,8 @@ primal passes and the adaptive penalty), other data (``--datasets cifar10-gray -
 results file (``--tag NAME`` writes ``bench_admm_NAME.md`` / ``.png``)::
 
     python benchmarks/bench_admm.py --methods adam,batch,batch-paper,batch-paper-prop,batch-prop --timing-rounds 0 --tag paper
-    python benchmarks/bench_admm.py --datasets cifar10-gray --allow-unverified --limit-test 0 \
-        --limit-train-conv 10000 --methods sgd,adam,batch,online --timing-rounds 0 --tag cifar10
+    python benchmarks/bench_admm.py --datasets cifar10-gray --allow-unverified --limit-train 10000 \
+        --limit-train-conv 10000 --limit-test 0 --methods sgd,adam,batch,online --timing-rounds 0 --tag cifar10
 """
 from __future__ import annotations
 
