@@ -198,3 +198,24 @@ def test_paper_beta_count_is_T():
     blocks = [nn.Linear(4, 5), nn.Linear(5, 3)]
     with pytest.raises(ValueError, match="Expected 2 values for beta"):
         BlockADMM(blocks, ADMMConfig(beta=[1.0], formulation="paper"))
+
+
+def test_online_gradient_is_the_gradient_a_training_step_takes():
+    """``online_gradient`` (used to measure gradient variance) must fill the gradient that the online step
+    applies, without stepping: an SGD step of ``_online_batch`` from the same state equals ``θ − lr·grad``.
+    Guards against the variance benchmark measuring another gradient than training uses."""
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+    blocks = [nn.Sequential(nn.Linear(4, 5), nn.Tanh()).double(), nn.Sequential(nn.Linear(5, 5), nn.Tanh()).double(),
+              nn.Linear(5, 3).double()]
+    tr = BlockADMM(blocks, ADMMConfig(mode="online", optimizer="sgd", lr=0.1, beta=1.0, zeta=0.1, z_steps=2,
+                                      fused_optimizer=False))
+    tr.lam = [0.3, 0.7]
+    before = [p.detach().clone() for b in blocks for p in b.parameters()]
+    tr.online_gradient(x, y)
+    grads = [p.grad.clone() for b in blocks for p in b.parameters()]
+    for p, q in zip((p for b in blocks for p in b.parameters()), before):
+        assert torch.equal(p.detach(), q)
+    tr._online_batch(x, y)
+    for p, q, g in zip((p for b in blocks for p in b.parameters()), before, grads):
+        torch.testing.assert_close(p.detach(), q - 0.1 * g, rtol=0, atol=1e-14)
