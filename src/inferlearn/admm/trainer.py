@@ -473,11 +473,7 @@ class BlockADMM:
         blk = self.blocks[t - 1]
         for a, b in self._chunks(N):
             sl = slice(a, b)
-            if t == self.T:  # the paper's Z_T: exact minimiser of J(Z_T, Y) + penalty
-                with torch.no_grad():
-                    target = blk(self._get(t - 1, sl)) - self._u(t, sl)
-                self._put(self.Z[t - 1], sl, self._z_steps(t, sl, target))
-            elif self.is_nmf[t]:
+            if t < self.T and self.is_nmf[t]:
                 # Z_t feeds an NMF: both terms are quadratic, take the exact minimiser.
                 gamma = self.beta[t]
                 with torch.no_grad():
@@ -487,7 +483,7 @@ class BlockADMM:
                 self._put(self.Z[t - 1], sl, z)
             elif self.is_nmf[t - 1]:
                 self._put(self.Z[t - 1], sl, self._score_update(t, sl))
-            else:
+            else:  # (the paper's Z_T too: _z_steps solves its sub-problem exactly)
                 with torch.no_grad():
                     target = blk(self._get(t - 1, sl)) - self._u(t, sl)
                 self._put(self.Z[t - 1], sl, self._z_steps(t, sl, target))
