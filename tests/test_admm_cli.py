@@ -35,12 +35,29 @@ def test_cli_nmf_and_online(tmp_path):
                                         (["--act", "softmax"], "Unknown activation 'softmax'"),
                                         (["--nmf-rank", "40"], "Invalid NMF rank 40"),
                                         (["--beta", "nan"], "Invalid beta: nan"),
-                                        (["--shift", "2"], "needs --mode online")])
+                                        (["--shift", "2"], "needs --mode online"),
+                                        (["--formulation", "paper", "--mode", "online"], "needs mode 'batch'"),
+                                        (["--formulation", "paper", "--beta", "1,2,3"], "Expected 2 values for beta"),
+                                        (["--primal-schedule", "proposition", "--primal-growth", "1"],
+                                         "set one of them")])
 def test_cli_bad_input(tmp_path, capsys, extra, msg):
     """Bad split points, NMF ranks, penalties and settings end with exit code 2 and a clear message."""
     assert main(["admm", "--data", "digits", "--arch", "64-32-10", "--epochs", "1", "--out", str(tmp_path),
                  "--quiet", *extra]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_cli_paper_formulation_runs_and_resumes(tmp_path):
+    """--formulation paper with Proposition 1's schedule runs (Z_T in the state, its residual logged, p_k
+    passes) and resumes with its saved settings."""
+    out = tmp_path / "p"
+    assert main(["admm", "--data", "digits", "--arch", "64-32-10", "--epochs", "1", "--formulation", "paper",
+                 "--primal-schedule", "proposition", "--eta-decay", "0.5", "--adaptive", "--out", str(out),
+                 "--quiet"]) == 0
+    assert main(["admm", "--resume", str(out), "--epochs", "2", "--quiet"]) == 0
+    lines = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["primal_steps"] for m in lines] == [1, 4]
+    assert "residual_2" in lines[1] and "beta_2" in lines[1]
 
 
 def test_cli_run_folder_guards(tmp_path, capsys):

@@ -77,6 +77,8 @@ def test_owners_and_refusals():
         check_block_parallel(ADMMConfig(mode="online", z_schedule="jacobi"), blocks, 2)
     with pytest.raises(ValueError, match="z-steps 1"):
         check_block_parallel(ADMMConfig(z_steps=2, z_schedule="jacobi"), blocks, 2)
+    with pytest.raises(ValueError, match="formulation paper"):
+        check_block_parallel(ADMMConfig(formulation="paper", z_schedule="jacobi"), blocks, 2)
     with pytest.raises(ValueError, match="z-schedule jacobi"):
         check_block_parallel(ADMMConfig(), blocks, 2)
 

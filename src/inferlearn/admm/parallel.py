@@ -55,6 +55,9 @@ def check_block_parallel(config: ADMMConfig, blocks: Sequence[nn.Module], world:
     """Raise ``ValueError`` (one line, with the fix) for a run the block-parallel trainer cannot do."""
     if config.mode != "batch":
         raise ValueError("Block-parallel ADMM runs the batch mode (Algorithm 1); for online block-ADMM use --nproc 1")
+    if config.formulation != "default":
+        raise ValueError("Block-parallel ADMM takes the default formulation (no Z_T); use --nproc 1 for "
+                         "--formulation paper")
     if config.z_steps != 1:
         raise ValueError(f"Block-parallel ADMM takes one Z step per update (got --z-steps {config.z_steps}); "
                          "use --z-steps 1, or --nproc 1")

@@ -11,6 +11,16 @@ the constraint ``Z_T = f_T(Z_{T-1})`` would add ``N × n_out`` state and a loss 
 gradient reaches ``Θ_T`` only through a penalty, i.e. one more level of lag, for no gain; with our
 form ``T = 1`` is exactly plain training of the single block (tested).
 
+**The paper's literal form** (``formulation="paper"``, batch mode): ``Z_t`` for ``t = 1 … T``, the loss
+on the decoupling variable of the output and the last block coupled by a penalty like the others::
+
+    𝓛 = (1/N) Σ_i [ J(z_{T,i}, y_i) + Σ_{t≤T} (β_t/2) ‖z_{t,i} − f_t(z_{t-1,i}) + u_{t,i}‖² ]
+
+The reverse ``Z`` sweep then starts at ``Z_T``, whose sub-problem ``J(z, y) + (β_T/2)‖z − a‖²`` is solved
+exactly (:meth:`BlockADMM._loss_prox`), and ``Θ_T`` sees only its penalty. With
+``primal_schedule="proposition"`` and ``adaptive=True`` this is Algorithm 1 under the conditions of
+Proposition 1 (growing primal accuracy, Shi et al.'s penalty rule).
+
 A DeepFacto :class:`~inferlearn.nmf.NMF` module may sit between two ordinary blocks as block ``t``;
 its decoupling variable ``Z_t`` is the score matrix ``S`` (input of block ``t+1``), its constraint is
 ``Z_{t-1} = S Mᵀ`` with penalty ``β_t`` (the paper's ``γ``) and scaled multipliers ``U_t`` (``V``).
@@ -78,6 +88,8 @@ from ..losses import one_hot
 from .nmf import NMF, nnls_gram
 
 MODES = ("batch", "online")
+FORMULATIONS = ("default", "paper")
+PRIMAL_SCHEDULES = ("linear", "proposition")
 LOSSES = ("cross-entropy", "quadratic", "mse")
 OPTIMIZERS = ("sgd", "adam")
 Z_SCHEDULES = ("gauss-seidel", "jacobi")
@@ -118,6 +130,13 @@ class ADMMConfig:
             updates its ``Z_t`` at the same time; :mod:`inferlearn.admm.parallel`).
         primal_steps: primal passes per outer iteration (batch) / Θ steps per mini-batch (online).
         primal_growth: extra primal passes per iteration (batch: ``p_k = primal_steps + ⌊g k⌋``).
+        primal_schedule: ``"linear"`` (``primal_growth`` above) or ``"proposition"`` (batch): the primal
+            accuracy schedule of Proposition 1, ``p_k = ⌈primal_steps · eta_decay^{−2k}⌉`` (see
+            :meth:`BlockADMM.primal_steps_at`).
+        formulation: ``"default"`` (the loss on ``f_T(Z_{T-1})``, no ``Z_T``) or ``"paper"`` (batch): the
+            paper's literal Eq. (3.1), a decoupling variable ``Z_T`` on the output with ``J(Z_T, Y)`` and
+            the constraint ``Z_T = f_T(Z_{T-1})`` (penalty ``β_T``, dual ``U_T``); ``beta`` and ``zeta`` then
+            have ``T`` entries (``ζ_T`` is unused: the ``Z_T`` sub-problem is solved exactly).
         adaptive: use the adaptive penalty rule; ``eta0``, ``eta_decay``, ``penalty_growth`` (c),
             ``beta_max`` parametrise it.
         loss: ``cross-entropy``, ``quadratic`` (½‖out − onehot‖²) or ``mse`` (½‖out − y‖², regression).
@@ -140,6 +159,8 @@ class ADMMConfig:
     z_schedule: str = "gauss-seidel"
     primal_steps: int = 1
     primal_growth: float = 0.0
+    primal_schedule: str = "linear"
+    formulation: str = "default"
     adaptive: bool = False
     eta0: float = 1.0
     eta_decay: float = 0.9
@@ -160,6 +181,19 @@ class ADMMConfig:
             raise ValueError(f"Unknown z_schedule {self.z_schedule!r}; choose one of {list(Z_SCHEDULES)}")
         if not (isinstance(self.loss, str) and self.loss in LOSSES) and not callable(self.loss):
             raise ValueError(f"Unknown loss {self.loss!r}; choose one of {list(LOSSES)} or pass a callable")
+        if self.formulation not in FORMULATIONS:
+            raise ValueError(f"Unknown formulation {self.formulation!r}; choose one of {list(FORMULATIONS)}")
+        if self.formulation == "paper" and self.mode != "batch":
+            raise ValueError("formulation 'paper' (a Z_T per sample) needs mode 'batch'")
+        if self.formulation == "paper" and callable(self.loss):
+            raise ValueError(f"formulation 'paper' needs a built-in loss ({list(LOSSES)}): the Z_T step solves "
+                             "its sub-problem exactly")
+        if self.primal_schedule not in PRIMAL_SCHEDULES:
+            raise ValueError(f"Unknown primal schedule {self.primal_schedule!r}; choose one of {list(PRIMAL_SCHEDULES)}")
+        if self.primal_schedule == "proposition" and self.mode != "batch":
+            raise ValueError("primal schedule 'proposition' needs mode 'batch' (online primal steps are per mini-batch)")
+        if self.primal_schedule == "proposition" and self.primal_growth:
+            raise ValueError("primal schedule 'proposition' replaces primal_growth; set one of them")
         for name in ("batch_size", "z_steps", "primal_steps", "chunk_size", "nmf_sweeps"):
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
@@ -255,13 +289,18 @@ class BlockADMM:
             raise ValueError("NMF modules need mode='batch' (their basis update uses all samples)")
         if any(self.is_nmf) and self.cfg.z_schedule != "gauss-seidel":
             raise ValueError("NMF modules need z_schedule='gauss-seidel'")
-        self.beta = _per_list(self.cfg.beta, T - 1, "beta") if T > 1 else []
-        self.zeta = _per_list(self.cfg.zeta, T - 1, "zeta") if T > 1 else []
+        if self.cfg.formulation == "paper" and self.cfg.z_schedule != "gauss-seidel":
+            raise ValueError("The paper formulation sweeps Z in reverse (z_schedule='gauss-seidel'); "
+                             "the Jacobi schedule takes the default formulation")
+        self.paper = self.cfg.formulation == "paper"
+        self.n_z = T if self.paper else T - 1  # decoupling variables Z_1 … Z_{n_z}
+        self.beta = _per_list(self.cfg.beta, self.n_z, "beta") if self.n_z else []
+        self.zeta = _per_list(self.cfg.zeta, self.n_z, "zeta") if self.n_z else []
         self.lam = [0.0] * (T - 1)  # online scalar duals
         self.optimizer = self._make_optimizer([b for b, nmf in zip(self.blocks, self.is_nmf) if not nmf])
         self.generator = torch.Generator().manual_seed(self.cfg.seed)
         self.storage = _Storage(memmap_dir)
-        self.Z: list[torch.Tensor] = []  # Z[t-1] = Z_t, t = 1 … T-1
+        self.Z: list[torch.Tensor] = []  # Z[t-1] = Z_t, t = 1 … n_z
         self.U: list[torch.Tensor] = []
         self.X: torch.Tensor | None = None
         self.Y: torch.Tensor | None = None
@@ -344,7 +383,7 @@ class BlockADMM:
         self.X, self.Y = X, Y
         N = X.shape[0]
         self.Z, self.U = [], []
-        for t in range(1, self.T):
+        for t in range(1, self.n_z + 1):
             blk = self.blocks[t - 1]
             if self.is_nmf[t - 1]:
                 prev = self.Z[t - 2]
@@ -382,8 +421,8 @@ class BlockADMM:
         return range(1, self.T + 1)
 
     def _constraints(self) -> list[int]:
-        """The constraints ``t < T`` whose ``Z_t``, ``U_t`` this trainer holds."""
-        return [t for t in self._terms() if t < self.T]
+        """The constraints ``t ≤ n_z`` whose ``Z_t``, ``U_t`` this trainer holds."""
+        return [t for t in self._terms() if t <= self.n_z]
 
     def _sum_over_ranks(self, values: list[float]) -> list[float]:
         """Sum per-block scalars over the ranks that hold the blocks (one process: themselves)."""
@@ -395,10 +434,10 @@ class BlockADMM:
         terms = self._terms()
         inp = self._get(terms[0] - 1, idx)  # each Z_t is gathered once: input of block t+1 and target of block t
         for t in terms:
-            nxt = self._get(t, idx) if t < self.T else None
+            nxt = self._get(t, idx) if t <= self.n_z else None
             if not self.is_nmf[t - 1]:
                 out = self.blocks[t - 1](inp)
-                if t == self.T:
+                if t > self.n_z:
                     total = total + _loss_sum(self.cfg.loss, out, self._take(self.Y, idx).to(out.device)) / len(idx)
                 else:
                     # ‖z − f(z_prev) + u‖² = ‖f(z_prev) − (z + u)‖²: the target needs no graph, and
@@ -412,7 +451,7 @@ class BlockADMM:
         """Σ over samples of the term of 𝓛 in which ``Z_t`` is the *input* (block ``t+1``'s term)."""
         nxt = self.blocks[t]
         out = nxt(z)
-        if t + 1 == self.T:
+        if t + 1 > self.n_z:
             return _loss_sum(self.cfg.loss, out, self.Y[sl].to(out.device))
         r = self._get(t + 1, sl) - out + self._u(t + 1, sl)
         return 0.5 * self.beta[t] * _sqnorm_rows(r).sum()
@@ -460,7 +499,7 @@ class BlockADMM:
         blk = self.blocks[t - 1]
         for a, b in self._chunks(N):
             sl = slice(a, b)
-            if self.is_nmf[t]:
+            if t < self.T and self.is_nmf[t]:
                 # Z_t feeds an NMF: both terms are quadratic, take the exact minimiser.
                 gamma = self.beta[t]
                 with torch.no_grad():
@@ -470,7 +509,7 @@ class BlockADMM:
                 self._put(self.Z[t - 1], sl, z)
             elif self.is_nmf[t - 1]:
                 self._put(self.Z[t - 1], sl, self._score_update(t, sl))
-            else:
+            else:  # (the paper's Z_T too: _z_steps solves its sub-problem exactly)
                 with torch.no_grad():
                     target = blk(self._get(t - 1, sl)) - self._u(t, sl)
                 self._put(self.Z[t - 1], sl, self._z_steps(t, sl, target))
@@ -485,7 +524,7 @@ class BlockADMM:
         for a, b in self._chunks(self.X.shape[0]):
             sl = slice(a, b)
             new = []
-            for t in range(1, self.T):
+            for t in range(1, self.n_z + 1):
                 with torch.no_grad():
                     target = self.blocks[t - 1](self._get(t - 1, sl)) - self._u(t, sl)
                 new.append(self._z_steps(t, sl, target))
@@ -499,6 +538,8 @@ class BlockADMM:
         ``next_grad``, if given, is the gradient of block t+1's term at the stored ``Z_t`` (the first
         step then needs no forward of block t+1).
         """
+        if t == self.T:
+            return self._loss_prox(target, self._take(self.Y, sl).to(target.device))
         beta, zeta = self.beta[t - 1], self.zeta[t - 1]
         z = self._get(t, sl)
         for step in range(self.cfg.z_steps):
@@ -511,6 +552,29 @@ class BlockADMM:
             z = z - zeta * g
         return z.detach()
 
+    @torch.no_grad()
+    def _loss_prox(self, a: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The paper's ``Z_T`` step: ``argmin_z J(z, y) + (β_T/2)‖z − a‖²`` per sample, ``a = f_T(Z_{T-1}) − U_T``.
+
+        Squared losses have the closed form ``(target + β a)/(1 + β)``. For cross-entropy the problem is
+        ``β``-strongly convex with a ``(β + ½)``-Lipschitz gradient (the softmax Hessian is bounded by
+        ``½ I``, Böhning 1992), so gradient descent with step ``1/(β + ½)`` contracts the error by
+        ``q = 1/(1 + 2β)`` per step; it runs until ``q^n ≤ 1e-12`` (at most 1000 steps), an exact solve
+        to round-off.
+        """
+        beta = self.beta[self.T - 1]
+        loss = self.cfg.loss
+        if loss in ("quadratic", "mse"):
+            tgt = one_hot(y, a.shape[1], a.dtype) if loss == "quadratic" else y.to(a.dtype)
+            return (tgt + beta * a) / (1 + beta)
+        onehot = one_hot(y, a.shape[1], a.dtype)
+        steps = min(1000, math.ceil(math.log(1e-12) / math.log(1 / (1 + 2 * beta))))
+        lr = 1 / (beta + 0.5)
+        z = a.clone()
+        for _ in range(steps):
+            z -= lr * (torch.softmax(z, dim=1) - onehot + beta * (z - a))
+        return z
+
     def _fused_z_dual_sweep(self) -> tuple[list[float], list[float]]:
         """The reverse ``Z`` sweep and the dual update in one pass over the data (no NMF, fixed β).
 
@@ -519,8 +583,8 @@ class BlockADMM:
         ``U_{t+1}`` can be updated at once, and ``r_1`` reuses the ``f_1(X)`` that the ``Z_1`` update
         computed anyway (block 1 is usually the widest: this saves its second full forward pass).
         """
-        N, T = self.X.shape[0], self.T
-        sq, zsq = [0.0] * (T - 1), [0.0] * (T - 1)
+        N, top = self.X.shape[0], self.n_z
+        sq, zsq = [0.0] * top, [0.0] * top
 
         def dual(t, sl, r, z):
             sq[t - 1] += float(_sqnorm_rows(r).sum())
@@ -535,7 +599,7 @@ class BlockADMM:
         for a, b in self._chunks(N):
             sl = slice(a, b)
             reuse = None  # (Z_t old with grad, f_{t+1}(Z_t old) with graph)
-            for t in range(T - 1, 0, -1):
+            for t in range(top, 0, -1):
                 next_grad = None
                 if reuse is not None:
                     zin, out = reuse
@@ -555,7 +619,7 @@ class BlockADMM:
                 self._put(self.Z[t - 1], sl, z)
                 z = self._get(t, sl)  # as stored (dtype of the state)
                 with torch.no_grad():
-                    if t + 1 < T:
+                    if t < top:
                         z_next = self._get(t + 1, sl)
                         dual(t + 1, sl, z_next - self.blocks[t](z), z_next)
                     if t == 1:
@@ -592,8 +656,8 @@ class BlockADMM:
         """``U_t ← U_t + r_t`` (or, adaptively, ``β`` growth); returns RMS residuals before the update
         and RMS sizes of ``Z_t`` (for relative residuals)."""
         N = self.X.shape[0]
-        sq = [0.0] * (self.T - 1)
-        zsq = [0.0] * (self.T - 1)
+        sq = [0.0] * self.n_z
+        zsq = [0.0] * self.n_z
         # Without the adaptive rule the dual update needs no global decision: one pass computes the
         # residuals, their norms and the update (one forward of each block instead of two).
         update_now = not self.cfg.adaptive
@@ -606,13 +670,13 @@ class BlockADMM:
                 if update_now:
                     self._put(self.U[t - 1], sl, self._u(t, sl) + r)
         both = self._sum_over_ranks(sq + zsq)
-        sq, zsq = both[:self.T - 1], both[self.T - 1:]
+        sq, zsq = both[:self.n_z], both[self.n_z:]
         res = [math.sqrt(s / N) for s in sq]
         if not all(math.isfinite(r) for r in res):
             raise DivergenceError(f"non-finite constraint residuals {res}")
         k = self.iteration
         grow = self.cfg.adaptive and math.sqrt(sum(s / N for s in sq)) > self.cfg.eta0 * self.cfg.eta_decay ** k
-        for t in range(1, self.T if self.cfg.adaptive else 1):
+        for t in range(1, self.n_z + 1 if self.cfg.adaptive else 1):
             mine = t in self._constraints()
             if grow:
                 new = min(self.beta[t - 1] * self.cfg.penalty_growth, self.cfg.beta_max)
@@ -628,7 +692,17 @@ class BlockADMM:
         return res, [math.sqrt(s / N) for s in zsq]
 
     def primal_steps_at(self, k: int) -> int:
-        """Number of primal passes in outer iteration ``k`` (the primal accuracy schedule)."""
+        """Number of primal passes in outer iteration ``k = 0, 1, …`` (the primal accuracy schedule).
+
+        ``linear``: ``p_k = p_0 + ⌊g k⌋``. ``proposition``: Proposition 1 converges to a KKT point when
+        the primal sub-problem is solved to ``E‖G(X^k)‖² ≤ ε_k`` with ``ε_k → 0``, by more primal
+        iterations as ``k`` grows (§3.3, stochastic block gradient after Xu and Yin 2015). We let
+        ``ε_k = ε_0 d^k`` shrink at the rate ``d`` (``eta_decay``) of the penalty rule's error bound
+        ``η_k = η_0 d^k``; since stochastic (block) gradient reaches ``E‖G‖² ≤ ε`` in ``O(ε^{-2})``
+        iterations on a non-convex problem, ``p_k = ⌈p_0 d^{−2k}⌉``.
+        """
+        if self.cfg.primal_schedule == "proposition":
+            return int(math.ceil(self.cfg.primal_steps * self.cfg.eta_decay ** (-2 * k) - 1e-9))
         return self.cfg.primal_steps + int(math.floor(self.cfg.primal_growth * k))
 
     def _batch_epoch(self) -> dict:
@@ -637,7 +711,7 @@ class BlockADMM:
         p = self.primal_steps_at(self.iteration)
         theta_loss = 0.0
         jacobi = self.cfg.z_schedule == "jacobi"
-        fuse = self.fused and not jacobi and not self.cfg.adaptive and not any(self.is_nmf) and self.T > 1
+        fuse = self.fused and not jacobi and not self.cfg.adaptive and not any(self.is_nmf) and self.n_z > 0
         res, zn = [], []
         t_theta = t_z = 0.0  # seconds in the Θ passes and in the Z/NMF/dual passes (for profiling)
         for step in range(p):
@@ -653,12 +727,12 @@ class BlockADMM:
             if jacobi:
                 self._jacobi_z_update()
             else:
-                for t in range(self.T - 1, 0, -1):
+                for t in range(self.n_z, 0, -1):
                     self._z_update(t)
             t_z += time.perf_counter() - t1
         else:
             t1 = time.perf_counter()
-            res, zn = self._dual_update() if self.T > 1 else ([], [])
+            res, zn = self._dual_update() if self.n_z > 0 else ([], [])
             t_z += time.perf_counter() - t1
         theta_loss = self._sum_over_ranks([theta_loss])[0]
         return {"admm_objective": theta_loss, "primal_steps": p, "theta_seconds": t_theta, "z_dual_seconds": t_z,
@@ -678,7 +752,8 @@ class BlockADMM:
             total = total + self.lam[t - 1] * h + 0.5 * self.beta[t - 1] * h * h
         return (total * B if per_sample else total), hs
 
-    def _online_batch(self, x: torch.Tensor, y: torch.Tensor) -> float:
+    def _online_z(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        """``[x, z_1, …, z_{T-1}]``: a forward pass, then ``z_steps`` safeguarded gradient steps."""
         with torch.no_grad():
             zs = [x]
             for t in range(1, self.T):
@@ -693,14 +768,27 @@ class BlockADMM:
             curv = [2 * (lam + rho * float(h.detach())) for lam, rho, h in zip(self.lam, self.beta, hs)] + [0.0]
             steps = [zeta / (1 + zeta * (curv[i] + curv[i + 1])) for i, zeta in enumerate(self.zeta)]
             zs = [x] + [v.detach() - step * g for v, g, step in zip(vars_, grads, steps)]
+        return zs
+
+    def online_gradient(self, x: torch.Tensor, y: torch.Tensor, zs: list[torch.Tensor] | None = None):
+        """Online mode: fill the blocks' ``.grad`` with the Θ gradient of ``J + Σ_t (λ_t h_t + (ρ_t/2) h_t²)``
+        on the mini-batch ``(x, y)`` after the ``z`` steps (``zs`` from them, if already taken); no
+        optimiser step. Returns the objective (a tensor) and the ``h_t``."""
+        if zs is None:
+            zs = self._online_z(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        obj, hs = self._online_objective(zs, y, per_sample=False)
+        if not torch.isfinite(obj):
+            raise DivergenceError(f"non-finite online objective {float(obj.detach())}")
+        obj.backward()
+        return obj, hs
+
+    def _online_batch(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        zs = self._online_z(x, y)
         hs = []
         obj = torch.zeros(())
         for _ in range(self.cfg.primal_steps):
-            self.optimizer.zero_grad(set_to_none=True)
-            obj, hs = self._online_objective(zs, y, per_sample=False)
-            if not torch.isfinite(obj):
-                raise DivergenceError(f"non-finite online objective {float(obj.detach())}")
-            obj.backward()
+            obj, hs = self.online_gradient(x, y, zs)
             self.optimizer.step()
         h_vals = [float(h.detach()) for h in hs]
         k = self.iteration

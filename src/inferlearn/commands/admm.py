@@ -28,7 +28,7 @@ from .common import (add_parallel_options, add_threads_option, check_data_dir, c
 from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
-            "z_steps", "primal_steps", "primal_growth", "adaptive", "eta0", "eta_decay", "penalty_growth",
+            "z_steps", "primal_steps", "primal_growth", "primal_schedule", "formulation", "adaptive", "eta0", "eta_decay", "penalty_growth",
             "loss", "seed", "device", "data_dir", "limit_train", "memmap", "shift", "nmf_rank", "nmf_after",
             "chunk_size", "allow_unverified", "z_schedule")
 
@@ -53,6 +53,12 @@ def register(sub) -> None:
     p.add_argument("--z-steps", type=int, default=1)
     p.add_argument("--primal-steps", type=int, default=1)
     p.add_argument("--primal-growth", type=float, default=0.0, help="extra primal passes per iteration")
+    p.add_argument("--primal-schedule", default="linear", choices=["linear", "proposition"],
+                   help="primal passes per iteration: linear (--primal-steps + ⌊growth·k⌋) or proposition "
+                        "(⌈primal_steps · eta_decay^(-2k)⌉, Proposition 1's growing accuracy; batch mode)")
+    p.add_argument("--formulation", default="default", choices=["default", "paper"],
+                   help="default: loss on f_T(Z_{T-1}); paper: a Z_T on the output with J(Z_T, Y) (batch mode; "
+                        "--beta/--zeta then take T values)")
     p.add_argument("--adaptive", action="store_true", help="adaptive penalty (Shi et al. 2017)")
     p.add_argument("--eta0", type=float, default=1.0)
     p.add_argument("--eta-decay", type=float, default=0.9)
@@ -187,7 +193,8 @@ def run(args) -> int:
     blocks = [b.to(args.device) for b in build_blocks(args, shape, ds.n_classes)]
     cfg = ADMMConfig(mode=args.mode, batch_size=args.batch_size, optimizer=args.optimizer, lr=args.lr,
                      momentum=args.momentum, beta=_floats(args.beta, "beta"), zeta=_floats(args.zeta, "zeta"), z_steps=args.z_steps,
-                     primal_steps=args.primal_steps, primal_growth=args.primal_growth, adaptive=args.adaptive,
+                     primal_steps=args.primal_steps, primal_growth=args.primal_growth,
+                     primal_schedule=args.primal_schedule, formulation=args.formulation, adaptive=args.adaptive,
                      eta0=args.eta0, eta_decay=args.eta_decay, penalty_growth=args.penalty_growth, loss=args.loss,
                      seed=args.seed, chunk_size=args.chunk_size, z_schedule=args.z_schedule)
     if args.nproc > 1:   # checked once here, then the processes start
