@@ -26,7 +26,10 @@ class TrainConfig:
         rule: learning rule name (see ``inferlearn.rules.RULES``).
         rule_options: the rule's hyper-parameters, as strings or values.
         epochs, batch_size: training length and mini-batch size.
-        optimizer, lr, momentum: ``sgd`` or ``adam``; learning rate; SGD momentum.
+        optimizer, lr, momentum: ``sgd`` or ``adam``; learning rate; SGD momentum. ``lr=None`` (the default)
+            takes the rule's recommended rate for the optimiser (:attr:`inferlearn.rules.Rule.recommended_lr`,
+            chosen on validation splits by ``benchmarks/tune_defaults.py``); a run resolves it when it
+            starts (:meth:`resolved`), so ``config.json`` records the number it trained with.
         lr_schedule: ``constant``, ``warmup`` or ``scaled:F`` (:mod:`inferlearn.training.schedules`).
         seed: seeds the weights and the batch order; same seed and config give the same metrics on CPU.
         init_scale: weights ``N(0, init_scale²/fan_in)``, biases 0.
@@ -38,6 +41,10 @@ class TrainConfig:
         allow_unverified: read data files whose checksums differ from the published ones (a warning,
             and ``data_verified: false`` in every metrics line), e.g. the grayscale CIFAR-10 copy.
         limit_train: use only the first N training samples (quick runs); ``None`` for all.
+        val_size: hold out the *last* N images of the training split as a validation split (``--val N``;
+            deterministic, before ``limit_train`` and the shuffling; 0: none). Its accuracy is reported as
+            ``val_acc`` in every metrics line; the held-out images are never trained on. Tune on it, not
+            on the test split.
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
         divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first
             mini-batch loss (a bounded-unit network can blow up its output weights to 1e16 without
@@ -52,7 +59,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 50
     optimizer: str = "sgd"
-    lr: float = 0.05
+    lr: float | None = None
     momentum: float = 0.0
     lr_schedule: str = "constant"
     seed: int = 0
@@ -64,6 +71,7 @@ class TrainConfig:
     tensorboard: str | None = None
     threads: int = 1
     limit_train: int | None = None
+    val_size: int = 0
     checkpoint_every: int = 1
     divergence_factor: float = 1e6
 
@@ -78,7 +86,7 @@ class TrainConfig:
             raise ValueError(f"Unknown rule {self.rule!r}; choose one of {sorted(RULES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"Unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"Invalid learning rate: {self.lr}")
         if not (0 <= self.momentum < 1):
             raise ValueError(f"Invalid momentum: {self.momentum}")
@@ -91,8 +99,16 @@ class TrainConfig:
             raise ValueError(f"Invalid seed: {self.seed} (must be an integer ≥ 0)")
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
+        if isinstance(self.val_size, bool) or not isinstance(self.val_size, int) or self.val_size < 0:
+            raise ValueError(f"Invalid val_size: {self.val_size} (must be an integer ≥ 0)")
         if not self.device.startswith(("cpu", "cuda", "mps")):
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
+
+    def resolved(self) -> "TrainConfig":
+        """This config with ``lr=None`` replaced by the rule's recommended rate for the optimiser."""
+        from ..rules import recommended_lr
+
+        return self if self.lr is not None else self.replace(lr=recommended_lr(self.rule, self.optimizer))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

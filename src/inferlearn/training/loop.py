@@ -48,23 +48,46 @@ class Setup:
     test_x: torch.Tensor
     test_y: torch.Tensor
     first_loss: float | None = None  # the run's first mini-batch loss, reference of the explosion test
+    val_x: torch.Tensor | None = None  # the held-out validation split (``TrainConfig.val_size``), or None
+    val_y: torch.Tensor | None = None
+
+
+def split_train(n_train: int, val_size: int, limit_train: int | None, data_name: str = "the data set") -> tuple[slice, slice]:
+    """``(fit, val)`` slices of a training split of ``n_train`` images: the last ``val_size`` are held out
+    (deterministic, independent of the seed), then ``limit_train`` keeps the first images of the rest.
+
+    Raises:
+        ValueError: ``val_size`` leaves no image to train on.
+    """
+    if val_size >= n_train:
+        raise ValueError(f"--val {val_size} leaves no training images: {data_name} has {n_train} "
+                         f"training images; hold out fewer")
+    n_fit = n_train - val_size
+    n = min(limit_train, n_fit) if limit_train else n_fit
+    return slice(0, n), slice(n_fit, n_train)
 
 
 def build(config: TrainConfig) -> Setup:
-    """Load data and build model, rule and optimiser; checks that the architecture fits the data."""
+    """Load data and build model, rule and optimiser; checks that the architecture fits the data.
+
+    ``config.lr = None`` takes the rule's recommended rate (:meth:`TrainConfig.resolved`).
+    """
+    config = config.resolved()
     data = load_dataset(config.data, config.data_dir, allow_unverified=config.allow_unverified)
     rule = make_rule(config.rule, config.rule_options)
     device = torch.device(config.device)
     model = build_model(config.arch, config.act, data.n_features, data.n_classes, data.image_shape,
                         seed=config.seed, init_scale=config.init_scale, data_name=data.name).to(device)
-    n = config.limit_train or data.train_x.shape[0]
+    fit, val = split_train(data.train_x.shape[0], config.val_size, config.limit_train, data.name)
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
     else:
         opt = torch.optim.Adam(params, lr=config.lr)
-    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[:n].to(device), data.train_y[:n].to(device),
-                 data.test_x.to(device), data.test_y.to(device))
+    val_x = data.train_x[val].to(device) if config.val_size else None
+    val_y = data.train_y[val].to(device) if config.val_size else None
+    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[fit].to(device),
+                 data.train_y[fit].to(device), data.test_x.to(device), data.test_y.to(device), val_x=val_x, val_y=val_y)
 
 
 def batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -119,15 +142,18 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
 
 @torch.no_grad()
 def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> dict:
-    """Full-data metrics after an epoch."""
+    """Full-data metrics after an epoch (``val_acc`` too when the run holds out a validation split)."""
     s.model.eval()
     out = torch.cat([s.model(s.train_x[i:i + 4096]) for i in range(0, s.train_x.shape[0], 4096)])
     train_loss = float(quadratic_loss(out, one_hot(s.train_y, out.shape[1], out.dtype)))
-    return {"epoch": epoch, "train_loss": train_loss, "batch_loss": batch_loss,
-            "train_acc": float((out.argmax(1) == s.train_y).float().mean()),
-            "test_acc": evaluate(s.model, s.test_x, s.test_y),
-            "active_fraction": active_fraction(s.model, s.test_x),
-            "epoch_seconds": seconds, "data_verified": not s.data.meta.get("unverified_files")}
+    record = {"epoch": epoch, "train_loss": train_loss, "batch_loss": batch_loss,
+              "train_acc": float((out.argmax(1) == s.train_y).float().mean()),
+              "test_acc": evaluate(s.model, s.test_x, s.test_y),
+              "active_fraction": active_fraction(s.model, s.test_x),
+              "epoch_seconds": seconds, "data_verified": not s.data.meta.get("unverified_files")}
+    if s.val_x is not None:
+        record["val_acc"] = evaluate(s.model, s.val_x, s.val_y)
+    return record
 
 
 def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
@@ -149,6 +175,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
         RunFolderError: a new run into a folder that holds one (without ``overwrite``); a resumed run
             whose folder holds different settings; a damaged checkpoint.
     """
+    config = config.resolved()   # lr=None: the rule's recommended rate, recorded in config.json
     torch.manual_seed(config.seed)
     folder = RunFolder(config.out)
     if resume:
@@ -184,7 +211,8 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
         if board is not None:
             board.log_epoch(record, s.model.modules())
         if log:
-            log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  "
+            val = f"val {record['val_acc']:.4f}  " if "val_acc" in record else ""
+            log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  {val}"
                 f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s")
     if board is not None:
         board.close()
