@@ -38,6 +38,8 @@ CASES = [
  (T + ["--act", ""], "Unknown unit type"),
  # optimisation
  (T + ["--lr", "0"], "Invalid learning rate: 0"),
+ (T + ["--val", "-5"], "Invalid val_size: -5"),
+ (T + ["--val", "5000"], "--val 5000 leaves no training images"),
  (T + ["--lr", "-1"], "Invalid learning rate: -1"),
  (T + ["--lr", "nan"], "Invalid learning rate: nan"),
  (T + ["--lr", "inf"], "Invalid learning rate: inf"),
