@@ -6,7 +6,7 @@ Phase structure "one clamped phase" (docs/maths.md §B taxonomy). The penalty en
     F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − f_L(a_L)‖²,   a_k = A_k(z_{k-1}),  z_L := y
 
 with value nodes ``z_k`` started from the forward pass, ``T`` simultaneous gradient steps of size ``η``
-(:class:`~inferlearn.engine.solvers.GradientSteps`; defaults T = 20, η = 0.2, chosen on validation
+(:class:`~inferlearn.engine.solvers.GradientSteps`; defaults T = 20, η = 0.1, chosen on validation
 splits by ``benchmarks/tune_defaults.py``), and the envelope gradient
 ``∇_θ F / (Bπ)`` at the inferred ``z``. Any differentiable layer map (conv, max pooling, normalisation
 in eval mode) and any element-wise activation are accepted; dense chains use the fused loop of
@@ -46,10 +46,11 @@ class PredictiveCoding(Rule):
 
     Args:
         steps: inference steps ``T`` (20; PCX's benchmark setting is 15, which scored 0.003 lower on the
-            validation splits at 3/4 of the cost).
-        step_size: the inference rate ``η`` (0.2). Inference is stable only while ``η`` times the largest
-            curvature of ``F`` (which grows with the weights) stays below 2: at ``η ≥ 0.3`` it falls apart
-            as training grows the weights (measured, ``benchmarks/results/tuning/pc.md``).
+            validation splits, at η = 0.2, for 3/4 of the cost).
+        step_size: the inference rate ``η`` (0.1). Inference is stable only while ``η`` times the largest
+            curvature of ``F`` (which grows with the weights) stays below 2: with SGD 0.4, ``η = 0.2``
+            diverged in the third epoch on Fashion-MNIST and ``η ≥ 0.3`` fell apart within the first
+            (``benchmarks/results/tuning/pc.md``, ``longer.md``).
         tol: stop early when the largest step is ``≤ tol`` (checked every 5 steps; warns when
             ``steps`` run out first); ``None``: exactly ``steps`` steps.
         output_weight: the precision ``π`` of the output term; the gradient is divided by ``π``.
@@ -62,7 +63,7 @@ class PredictiveCoding(Rule):
     name = "pc"
     recommended_lr = {"sgd": 0.4, "adam": 1e-4}   # benchmarks/tune_defaults.py, validation splits
     steps: int = 20
-    step_size: float = 0.2
+    step_size: float = 0.1
     tol: float | None = None
     output_weight: float = 1.0
     engine: str = "auto"
