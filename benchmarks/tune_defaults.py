@@ -20,9 +20,14 @@ learning rate.
 
 Usage::
 
-    python benchmarks/tune_defaults.py                       # every rule, both data sets (~40 min, 2 jobs)
+    python benchmarks/tune_defaults.py --jobs 2              # every rule, both data sets (~1 h beside other work)
     python benchmarks/tune_defaults.py --rules pc,eqprop --jobs 2
-    python benchmarks/tune_defaults.py --test                # the chosen defaults, once, on the test split
+    python benchmarks/tune_defaults.py --epochs 3 --curve pc:sgd:0.4:step_size=0.1,steps=20   # longer.md
+    python benchmarks/tune_defaults.py --test --jobs 2       # the chosen defaults, once, on the test split
+
+``--curve`` trains given settings for ``--epochs`` epochs and records the validation accuracy after each
+(``longer.md``): a default chosen after one epoch must not fall apart when trained longer. Where it did,
+``OVERRIDES`` names the option adopted instead and why (predictive coding's step size).
 
 ``--test`` trains every rule once with its (new) library defaults -- no rule options and no ``lr``, so
 the rule's recommended learning rate -- for one epoch on the full 60 000 training images and writes
@@ -234,8 +239,9 @@ def write_rule(result: dict, store: Store, args, command: str) -> None:
     rule, best = result["rule"], result["best"]
     lines = [f"# Tuning `{rule}` on validation splits", "",
              f"Command: `{command}`", "",
-             f"MLP `{ARCH}`, ReLU, batch 50, seed {args.seed}, {args.epochs} epoch(s) on the first "
-             f"{'all but the last ' + str(args.val) if args.limit_train is None else args.limit_train} training images; "
+             f"MLP `{ARCH}`, ReLU, batch 50, seed {args.seed}, {args.epochs} epoch(s) on "
+             f"{'all but the last ' + str(args.val) if args.limit_train is None else 'the first ' + str(args.limit_train)} "
+             "training images; "
              f"score: accuracy on the last {args.val} training images (validation split), never the test split. "
              "A stage varies the knobs it names, the others held at the best setting of the stages before it; "
              "the setting with the best **mean** over the two data sets wins (a diverged run scores 0), except that "
