@@ -103,6 +103,7 @@ CASES = [
  (T + ["--rule", "pc", "--rule-opt", "steps=-1"], "Invalid steps: -1"),
  (T + ["--rule", "pc", "--rule-opt", "steps=x"], "Invalid value 'x' for option 'steps'"),
  (T + ["--rule", "pc", "--rule-opt", "step_size=0"], "Invalid step_size: 0"),
+ (T + ["--rule", "pc", "--rule-opt", "step_size=1e100"], "Invalid step_size: 1e+100 (must be < 2"),
  (T + ["--rule", "pc", "--rule-opt", "output_weight=0"], "Invalid output_weight: 0"),
  (T + ["--rule", "pc", "--rule-opt", "tol=0"], "Invalid tol: 0"),
  (T + ["--rule", "pc", "--rule-opt", "engine=x"], "Invalid engine: 'x'"),

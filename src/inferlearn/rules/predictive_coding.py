@@ -47,7 +47,8 @@ class PredictiveCoding(Rule):
     Args:
         steps: inference steps ``T`` (20; PCX's benchmark setting is 15, which scored 0.003 lower on the
             validation splits, at η = 0.2, for 3/4 of the cost).
-        step_size: the inference rate ``η`` (0.1). Inference is stable only while ``η`` times the largest
+        step_size: the inference rate ``η`` (0.1; ``< 2``, since each value node's own term gives ``F`` a
+            curvature of at least 1 for box units). Inference is stable only while ``η`` times the largest
             curvature of ``F`` (which grows with the weights) stays below 2: with SGD 0.4, ``η = 0.2``
             diverged in the third epoch on Fashion-MNIST and ``η ≥ 0.3`` fell apart within the first
             (``benchmarks/results/tuning/pc.md``, ``longer.md``).
@@ -72,6 +73,8 @@ class PredictiveCoding(Rule):
         check_positive("output_weight", self.output_weight)
         check_engine(self.engine)
         self._solver = GradientSteps(self.steps, self.step_size, self.tol)
+        if self.step_size >= 2:   # F's curvature along a value node is at least 1 (its own term): η ≥ 2 diverges
+            raise ValueError(f"Invalid step_size: {self.step_size} (must be < 2 for the inference steps to descend)")
 
     def energy(self, chain: Chain) -> LayeredEnergy:
         """The penalty energy of a chain (hidden terms weight 1, the output term ``π``)."""
