@@ -34,14 +34,14 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    base = TrainConfig(data=args.data, arch=args.arch, act="relu", batch_size=args.batch_size,
+    base = TrainConfig(data=args.data, arch=args.arch, act="relu", batch_size=args.batch_size, lr=0.05,
                        limit_train=args.limit_train, out="/tmp/inferlearn-bench-pc")
     variants = [("backprop", "backprop", {}),
                 ("backprop (autograd)", "backprop", {"fused": False}),
                 ("fenchel-bp β=0.1", "fenchel-bp", {"beta": 0.1}),
-                ("pc T=15", "pc", {"steps": 15}),
-                ("pc T=5", "pc", {"steps": 5}),
-                ("pc T=30", "pc", {"steps": 30}),
+                ("pc T=15", "pc", {"steps": 15, "step_size": 0.1}),
+                ("pc T=5", "pc", {"steps": 5, "step_size": 0.1}),
+                ("pc T=30", "pc", {"steps": 30, "step_size": 0.1}),
                 ("pc T=15 η=0.2", "pc", {"steps": 15, "step_size": 0.2}),
                 ("eqprop symmetric β=0.1", "eqprop", {}),
                 ("lifted-fenchel T=15", "lifted-fenchel", {})]

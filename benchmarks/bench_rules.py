@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     cmd = "python benchmarks/bench_rules.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"# Epoch time of each rule relative to back-propagation\n\nCommand: `{cmd}`\n\n"
             f"Data `{args.data}`{f' (first {args.limit_train} samples)' if args.limit_train else ''}, architecture "
-            f"`{args.arch}`, units `{args.act}`, batch {args.batch_size}, SGD, default rule options; median of "
+            f"`{args.arch}`, units `{args.act}`, batch {args.batch_size}, SGD at each rule's recommended rate, default "
+            f"rule options; median of "
             f"{args.repeats} interleaved repeats; {environment()}.\n\n" + markdown_table(rows))
     (RESULTS / f"{args.name}.md").write_text(text)
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5))

@@ -38,6 +38,8 @@ CASES = [
  (T + ["--act", ""], "Unknown unit type"),
  # optimisation
  (T + ["--lr", "0"], "Invalid learning rate: 0"),
+ (T + ["--val", "-5"], "Invalid val_size: -5"),
+ (T + ["--val", "5000"], "--val 5000 leaves no training images"),
  (T + ["--lr", "-1"], "Invalid learning rate: -1"),
  (T + ["--lr", "nan"], "Invalid learning rate: nan"),
  (T + ["--lr", "inf"], "Invalid learning rate: inf"),
@@ -102,6 +104,7 @@ CASES = [
  (T + ["--rule", "pc", "--rule-opt", "steps=-1"], "Invalid steps: -1"),
  (T + ["--rule", "pc", "--rule-opt", "steps=x"], "Invalid value 'x' for option 'steps'"),
  (T + ["--rule", "pc", "--rule-opt", "step_size=0"], "Invalid step_size: 0"),
+ (T + ["--rule", "pc", "--rule-opt", "step_size=1e100"], "Invalid step_size: 1e+100 (must be < 2"),
  (T + ["--rule", "pc", "--rule-opt", "output_weight=0"], "Invalid output_weight: 0"),
  (T + ["--rule", "pc", "--rule-opt", "tol=0"], "Invalid tol: 0"),
  (T + ["--rule", "pc", "--rule-opt", "engine=x"], "Invalid engine: 'x'"),

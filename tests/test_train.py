@@ -166,3 +166,51 @@ def test_cli_refuses_options_dropped_by_resume(tmp_path, capsys):
     assert main(["train", "--resume", out, "--epochs", "2", "--quiet"]) == 0
     assert main(["train", "--data", "digits", "--epochs", "0", "--out", str(tmp_path / "z"), "--quiet"]) == 2
     assert "Invalid epochs: 0" in capsys.readouterr().err
+
+
+def test_validation_split_is_held_out_and_reported(tmp_path):
+    """--val N holds out the *last* N training images (deterministic, never trained on), reports val_acc,
+    and records val_size in config.json; limit_train then keeps the first images of the rest."""
+    from inferlearn.data import load_dataset
+    from inferlearn.training.loop import build, split_train
+
+    assert split_train(100, 30, None) == (slice(0, 70), slice(70, 100))
+    assert split_train(100, 30, 50) == (slice(0, 50), slice(70, 100))
+    assert split_train(100, 30, 500) == (slice(0, 70), slice(70, 100))
+    assert split_train(100, 0, None) == (slice(0, 100), slice(100, 100))
+    data = load_dataset("digits")
+    n = data.train_x.shape[0]
+    s = build(_cfg(tmp_path, "b", val_size=300))
+    assert s.train_x.shape[0] == n - 300 and s.val_x.shape[0] == 300
+    assert s.val_x.equal(data.train_x[-300:]) and s.val_y.equal(data.train_y[-300:])
+    assert s.train_x.equal(data.train_x[:n - 300])
+    assert build(_cfg(tmp_path, "c")).val_x is None
+    h = train(_cfg(tmp_path, "v", val_size=300, epochs=2), progress=False, log=None)
+    assert all(0 <= r["val_acc"] <= 1 for r in h)
+    assert json.loads((tmp_path / "v" / "config.json").read_text())["val_size"] == 300
+    assert "val_acc" in read_jsonl(tmp_path / "v" / "metrics.jsonl")[-1]
+    assert "val_acc" not in train(_cfg(tmp_path, "nv", epochs=1), progress=False, log=None)[-1]
+    # the held-out images are never trained on: the same run on the first n-300 images alone is identical
+    same = train(_cfg(tmp_path, "l", limit_train=n - 300, epochs=2), progress=False, log=None)
+    assert [(r["train_loss"], r["test_acc"]) for r in same] == [(r["train_loss"], r["test_acc"]) for r in h]
+    with pytest.raises(ValueError, match="leaves no training images"):
+        build(_cfg(tmp_path, "e", val_size=n))
+    with pytest.raises(ValueError, match="Invalid val_size"):
+        _cfg(tmp_path, "f", val_size=-1)
+
+
+def test_lr_defaults_to_the_rules_recommendation(tmp_path):
+    """lr=None takes the rule's recommended rate for the optimiser; config.json records the number."""
+    from inferlearn.rules import RULES, recommended_lr
+
+    for name, cls in RULES.items():
+        for opt in ("sgd", "adam"):
+            assert recommended_lr(name, opt) == cls.recommended_lr[opt] > 0
+    cfg = _cfg(tmp_path, "r", rule="pc", lr=None, epochs=1)
+    assert cfg.resolved().lr == recommended_lr("pc", "sgd")
+    assert cfg.replace(optimizer="adam").resolved().lr == recommended_lr("pc", "adam")
+    assert cfg.replace(lr=0.01).resolved().lr == 0.01
+    train(cfg, progress=False, log=None)
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["lr"] == recommended_lr("pc", "sgd")
+    with pytest.raises(ValueError, match="Unknown rule"):
+        recommended_lr("nope", "sgd")

@@ -156,11 +156,11 @@ class ADMMConfig:
     beta: float | list = 1.0
     zeta: float | list = 0.5
     z_steps: int = 1
-    z_schedule: str = "gauss-seidel"
     primal_steps: int = 1
     primal_growth: float = 0.0
     primal_schedule: str = "linear"
     formulation: str = "default"
+    z_schedule: str = "gauss-seidel"
     adaptive: bool = False
     eta0: float = 1.0
     eta_decay: float = 0.9

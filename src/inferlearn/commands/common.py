@@ -22,7 +22,8 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)
     p.add_argument("--optimizer", default=defaults.optimizer, choices=["sgd", "adam"])
-    p.add_argument("--lr", type=float, default=defaults.lr, help="learning rate (default %(default)s)")
+    p.add_argument("--lr", type=float, default=defaults.lr,
+                   help="learning rate (default: the rule's recommended rate for the optimizer, recorded in config.json)")
     p.add_argument("--momentum", type=float, default=defaults.momentum)
     p.add_argument("--lr-schedule", default=defaults.lr_schedule,
                    help="constant, warmup (5 epochs at 0.1×lr, then 0.3×lr), warmup:E:F:A (E epochs at F×lr, then A×lr) "
@@ -34,6 +35,8 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--allow-unverified", action="store_true",
                    help="read data files whose checksums differ from the published ones (with a warning)")
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
+    p.add_argument("--val", type=int, default=defaults.val_size, metavar="N", dest="val_size",
+                   help="hold out the last N training images as a validation split, reported as val_acc (default 0: none)")
     p.add_argument("--out", default=defaults.out, help="output folder (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_threads_option(p)
@@ -129,7 +132,7 @@ def config_from_args(args, **overrides) -> TrainConfig:
     return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
                        optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
-                       limit_train=args.limit_train, allow_unverified=args.allow_unverified,
+                       limit_train=args.limit_train, val_size=args.val_size, allow_unverified=args.allow_unverified,
                        tensorboard=args.tensorboard, threads=torch.get_num_threads(),
                        dist_timeout=getattr(args, "dist_timeout", 120.0), compile=getattr(args, "compile", "auto"),
                        **overrides)

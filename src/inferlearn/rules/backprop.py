@@ -41,6 +41,7 @@ class BackProp(Rule):
     """
 
     name = "backprop"
+    recommended_lr = {"sgd": 0.2, "adam": 1e-3}   # benchmarks/tune_defaults.py, validation splits
     loss: str = "quadratic"
     fused: bool = True
 

@@ -84,11 +84,16 @@ class Rule(abc.ABC):
 
     Class attributes:
         name: the registry / CLI name.
+        recommended_lr: the learning rate per optimiser (``sgd``, ``adam``) that suits the rule at its
+            default options; :class:`~inferlearn.training.TrainConfig` and the commands use it when no
+            ``lr`` is given. The registered rules carry the values chosen on validation splits by
+            ``benchmarks/tune_defaults.py``; a new rule inherits ``{"sgd": 0.05, "adam": 0.001}``.
     """
 
     name: ClassVar[str] = ""
     #: the rule keeps per-sample state and wants each batch's sample indices (see the module docstring)
     uses_sample_index: ClassVar[bool] = False
+    recommended_lr: ClassVar[dict] = {"sgd": 0.05, "adam": 0.001}
 
     def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
                  index: torch.Tensor | None = None) -> StepInfo:
@@ -164,6 +169,21 @@ def register_rule(cls: type[Rule]) -> type[Rule]:
         raise TypeError(f"Rule name {cls.name!r} already used by {RULES[cls.name].__name__}")
     RULES[cls.name] = cls
     return cls
+
+
+def recommended_lr(rule: str, optimizer: str) -> float:
+    """The learning rate a registered rule recommends for ``optimizer`` (:attr:`Rule.recommended_lr`).
+
+    Raises:
+        ValueError: an unknown rule, or an optimiser the rule names no rate for.
+    """
+    if rule not in RULES:
+        raise ValueError(f"Unknown rule {rule!r}; choose one of {sorted(RULES)}")
+    rates = RULES[rule].recommended_lr
+    if optimizer not in rates:
+        raise ValueError(f"Rule {rule!r} recommends no learning rate for optimizer {optimizer!r} (it has "
+                         f"{sorted(rates)}); give --lr")
+    return float(rates[optimizer])
 
 
 def _convert(value: str, typ, key: str, rule: str):

@@ -69,6 +69,7 @@ class EquilibriumPropagation(LiftedEnergyRule):
     """
 
     name = "eqprop"
+    recommended_lr = {"sgd": 0.2, "adam": 1e-3}   # SGD: benchmarks/tune_defaults.py (Adam: not tuned)
     beta: float = 0.1
     nudging: str = "symmetric"
     loss: str = "quadratic"

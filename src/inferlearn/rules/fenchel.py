@@ -227,6 +227,7 @@ class FenchelBackProp(Rule):
     """
 
     name = "fenchel-bp"
+    recommended_lr = {"sgd": 0.2, "adam": 1e-3}   # benchmarks/tune_defaults.py, validation splits
     beta: float = 0.1
     loss: str = "quadratic"
     betas: str | None = None

@@ -54,6 +54,7 @@ class LiftedJ0(LiftedEnergyRule):
     """
 
     name = "lifted-j0"
+    recommended_lr = {"sgd": 0.01, "adam": 1e-3}  # SGD: benchmarks/tune_defaults.py (0.05 diverged); Adam: not tuned
     scaling: str = "layerwise"
 
     def __post_init__(self) -> None:

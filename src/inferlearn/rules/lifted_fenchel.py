@@ -52,6 +52,7 @@ class LiftedFenchel(Rule):
     """
 
     name = "lifted-fenchel"
+    recommended_lr = {"sgd": 0.2, "adam": 1e-3}   # SGD: benchmarks/tune_defaults.py (Adam: not tuned)
     steps: int = 15
     step_size: float = 1.0
     gamma: float = 1 / 8

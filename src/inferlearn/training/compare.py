@@ -1,7 +1,8 @@
 """Train several rules from the same initial weights and tabulate them side by side.
 
-Every rule gets the same data, architecture, seed (hence the same initial weights and batch order),
-optimiser and learning rate, unless overridden per rule. The table reports train/test accuracy,
+Every rule gets the same data, architecture, seed (hence the same initial weights and batch order)
+and optimiser; the learning rate is ``lrs[rule]`` if given, else ``base.lr``, else (``base.lr = None``) the
+rule's own recommended rate (:attr:`inferlearn.rules.Rule.recommended_lr`). The table reports train/test accuracy,
 the share of active non-linearities, the epoch-time ratio to back-propagation (median over epochs)
 and the mean cosine between the rule's weight gradients and back-propagation's on a fixed batch at
 the rule's final weights.
@@ -62,7 +63,7 @@ def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] 
         if log:
             log(f"== {name}")
         cfg = base.replace(rule=name, rule_options=options.get(name, {}), lr=lrs.get(name, base.lr), out=str(out / name),
-                           tensorboard=None if base.tensorboard is None else str(Path(base.tensorboard) / name))
+                           tensorboard=None if base.tensorboard is None else str(Path(base.tensorboard) / name)).resolved()
         histories[name] = train(cfg, progress=progress, resume=not overwrite, log=log, overwrite=overwrite)
         rows.append(_row(cfg, histories[name]))
     ref_time = rows[0]["epoch_seconds"]
@@ -89,14 +90,15 @@ def _row(cfg: TrainConfig, history: list[dict]) -> dict:
 
 def format_table(base: TrainConfig, rows: list[dict]) -> str:
     """The comparison as a Markdown table, with the command-line settings above it."""
-    head = (f"Data `{base.data}`, architecture `{base.arch}`, units `{base.act}`, {base.optimizer} lr {base.lr}, "
+    lr = f"lr {base.lr}" if base.lr is not None else "each rule's recommended lr"
+    head = (f"Data `{base.data}`, architecture `{base.arch}`, units `{base.act}`, {base.optimizer} {lr}, "
             f"batch {base.batch_size}, seed {base.seed}, epochs {rows[0]['epochs'] if rows else 0}"
             + (f", first {base.limit_train} training samples" if base.limit_train else "") + ".\n\n")
-    lines = ["| rule | options | train acc | test acc | active non-lin. | epoch time / BP | grad. cosine with BP |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| rule | options | lr | train acc | test acc | active non-lin. | epoch time / BP | grad. cosine with BP |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         opts = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "—"
-        lines.append(f"| {r['rule']} | {opts} | {r['train_acc']:.4f} | {r['test_acc']:.4f} | {r['active_fraction']:.3f} | "
+        lines.append(f"| {r['rule']} | {opts} | {r['lr']:g} | {r['train_acc']:.4f} | {r['test_acc']:.4f} | {r['active_fraction']:.3f} | "
                      f"{r['time_ratio']:.2f} | {r['alignment']:.3f} |")
     note = ("\nEpoch time: median over epochs, ratio to back-propagation in the same process. Gradient cosine: mean "
             "over weight matrices, on the first 256 training samples at the rule's final weights.\n")

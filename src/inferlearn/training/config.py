@@ -27,7 +27,10 @@ class TrainConfig:
         rule: learning rule name (see ``inferlearn.rules.RULES``).
         rule_options: the rule's hyper-parameters, as strings or values.
         epochs, batch_size: training length and mini-batch size.
-        optimizer, lr, momentum: ``sgd`` or ``adam``; learning rate; SGD momentum.
+        optimizer, lr, momentum: ``sgd`` or ``adam``; learning rate; SGD momentum. ``lr=None`` (the default)
+            takes the rule's recommended rate for the optimiser (:attr:`inferlearn.rules.Rule.recommended_lr`,
+            chosen on validation splits by ``benchmarks/tune_defaults.py``); a run resolves it when it
+            starts (:meth:`resolved`), so ``config.json`` records the number it trained with.
         lr_schedule: ``constant``, ``warmup`` or ``scaled:F`` (:mod:`inferlearn.training.schedules`).
         seed: seeds the weights and the batch order; same seed and config give the same metrics on CPU.
         init_scale: weights ``N(0, init_scale²/fan_in)``, biases 0.
@@ -43,6 +46,10 @@ class TrainConfig:
             maths do not depend on it, and a run may resume with another number).
         dist_timeout: seconds a rank waits for the others in a collective before failing with
             :class:`~inferlearn.errors.DistributedError` (``--dist-timeout``).
+        val_size: hold out the *last* N images of the training split as a validation split (``--val N``;
+            deterministic, before ``limit_train`` and the shuffling; 0: none). Its accuracy is reported as
+            ``val_acc`` in every metrics line; the held-out images are never trained on. Tune on it, not
+            on the test split.
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
         compile: compile each rule's inference step with ``torch.compile`` (:mod:`inferlearn.engine.compiled`):
             ``auto`` (default: on for CUDA, off on CPU, where compiling costs seconds and gains little),
@@ -61,7 +68,7 @@ class TrainConfig:
     epochs: int = 10
     batch_size: int = 50
     optimizer: str = "sgd"
-    lr: float = 0.05
+    lr: float | None = None
     momentum: float = 0.0
     lr_schedule: str = "constant"
     seed: int = 0
@@ -75,6 +82,7 @@ class TrainConfig:
     nproc: int = 1                 # data-parallel processes (recorded; resume may use another number)
     dist_timeout: float = 120.0    # seconds a rank waits for the others before failing
     limit_train: int | None = None
+    val_size: int = 0
     checkpoint_every: int = 1
     divergence_factor: float = 1e6
     compile: str = "auto"
@@ -90,7 +98,7 @@ class TrainConfig:
             raise ValueError(f"Unknown rule {self.rule!r}; choose one of {sorted(RULES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"Unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"Invalid learning rate: {self.lr}")
         if not (0 <= self.momentum < 1):
             raise ValueError(f"Invalid momentum: {self.momentum}")
@@ -108,8 +116,16 @@ class TrainConfig:
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
         check_compile_mode(self.compile)
+        if isinstance(self.val_size, bool) or not isinstance(self.val_size, int) or self.val_size < 0:
+            raise ValueError(f"Invalid val_size: {self.val_size} (must be an integer ≥ 0)")
         if not self.device.startswith(("cpu", "cuda", "mps")):
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
+
+    def resolved(self) -> "TrainConfig":
+        """This config with ``lr=None`` replaced by the rule's recommended rate for the optimiser."""
+        from ..rules import recommended_lr
+
+        return self if self.lr is not None else self.replace(lr=recommended_lr(self.rule, self.optimizer))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

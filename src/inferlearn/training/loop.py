@@ -59,23 +59,47 @@ class Setup:
     test_y: torch.Tensor
     first_loss: float | None = None  # the run's first mini-batch loss, reference of the explosion test
     group: Group = dataclasses.field(default_factory=Group)   # data-parallel ranks (one by default)
+    val_x: torch.Tensor | None = None  # the held-out validation split (``TrainConfig.val_size``), or None
+    val_y: torch.Tensor | None = None
+
+
+def split_train(n_train: int, val_size: int, limit_train: int | None, data_name: str = "the data set") -> tuple[slice, slice]:
+    """``(fit, val)`` slices of a training split of ``n_train`` images: the last ``val_size`` are held out
+    (deterministic, independent of the seed), then ``limit_train`` keeps the first images of the rest.
+
+    Raises:
+        ValueError: ``val_size`` leaves no image to train on.
+    """
+    if val_size >= n_train:
+        raise ValueError(f"--val {val_size} leaves no training images: {data_name} has {n_train} "
+                         f"training images; hold out fewer")
+    n_fit = n_train - val_size
+    n = min(limit_train, n_fit) if limit_train else n_fit
+    return slice(0, n), slice(n_fit, n_train)
 
 
 def build(config: TrainConfig, group: Group | None = None) -> Setup:
-    """Load data and build model, rule and optimiser; checks that the architecture fits the data."""
+    """Load data and build model, rule and optimiser; checks that the architecture fits the data.
+
+    ``config.lr = None`` takes the rule's recommended rate (:meth:`TrainConfig.resolved`).
+    """
+    config = config.resolved()
     data = load_dataset(config.data, config.data_dir, allow_unverified=config.allow_unverified)
     rule = make_rule(config.rule, config.rule_options)
     device = torch.device(config.device)
     model = build_model(config.arch, config.act, data.n_features, data.n_classes, data.image_shape,
                         seed=config.seed, init_scale=config.init_scale, data_name=data.name).to(device)
-    n = config.limit_train or data.train_x.shape[0]
+    fit, val = split_train(data.train_x.shape[0], config.val_size, config.limit_train, data.name)
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
     else:
         opt = torch.optim.Adam(params, lr=config.lr)
-    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[:n].to(device), data.train_y[:n].to(device),
-                 data.test_x.to(device), data.test_y.to(device), group=group or Group())
+    val_x = data.train_x[val].to(device) if config.val_size else None
+    val_y = data.train_y[val].to(device) if config.val_size else None
+    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[fit].to(device),
+                 data.train_y[fit].to(device), data.test_x.to(device), data.test_y.to(device), val_x=val_x, val_y=val_y,
+                 group=group or Group())
 
 
 def batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -143,7 +167,8 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
 
 @torch.no_grad()
 def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> dict:
-    """Full-data metrics after an epoch (each rank evaluates its contiguous share; the sums are reduced)."""
+    """Full-data metrics after an epoch (each rank evaluates its contiguous share; the sums are reduced),
+    with ``val_acc`` when the run holds out a validation split."""
     s.model.eval()
     a, b = s.group.shard_range(s.train_x.shape[0])
     loss_sum, correct = 0.0, 0
@@ -156,12 +181,20 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
     test_correct = correct_count(s.model, s.test_x[c:d], s.test_y[c:d])
     counts = active_counts(s.model, s.test_x[c:d])
     engaged, total = counts if counts is not None else (math.nan, 0)
-    loss_sum, correct, test_correct, engaged, total = s.group.all_sum([loss_sum, correct, test_correct, engaged, total])
+    val_correct = 0
+    if s.val_x is not None:
+        e, f = s.group.shard_range(s.val_x.shape[0])
+        val_correct = correct_count(s.model, s.val_x[e:f], s.val_y[e:f])
+    loss_sum, correct, test_correct, engaged, total, val_correct = s.group.all_sum(
+        [loss_sum, correct, test_correct, engaged, total, val_correct])
     n_train, n_test = s.train_x.shape[0], s.test_x.shape[0]
-    return {"epoch": epoch, "train_loss": loss_sum / n_train, "batch_loss": batch_loss,
-            "train_acc": correct / n_train, "test_acc": test_correct / max(1, n_test),
-            "active_fraction": engaged / total if total else (0.0 if counts is not None else math.nan),
-            "epoch_seconds": seconds, "data_verified": not s.data.meta.get("unverified_files")}
+    record = {"epoch": epoch, "train_loss": loss_sum / n_train, "batch_loss": batch_loss,
+              "train_acc": correct / n_train, "test_acc": test_correct / max(1, n_test),
+              "active_fraction": engaged / total if total else (0.0 if counts is not None else math.nan),
+              "epoch_seconds": seconds, "data_verified": not s.data.meta.get("unverified_files")}
+    if s.val_x is not None:
+        record["val_acc"] = val_correct / s.val_x.shape[0]
+    return record
 
 
 def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
@@ -184,6 +217,7 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
         RunFolderError: a new run into a folder that holds one (without ``overwrite``); a resumed run
             whose folder holds different settings; a damaged checkpoint.
     """
+    config = config.resolved()   # lr=None: the rule's recommended rate, recorded in config.json
     torch.manual_seed(config.seed)
     group = join(config.device, config.dist_timeout)
     history = _train(config, group, progress, resume, log if group.is_main else None, overwrite)
@@ -234,7 +268,8 @@ def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log,
             board.log_epoch(record, s.model.modules())
         if log:
             compiled = f" (compile {record['compile_seconds']:.1f}s)" if record["compile_seconds"] else ""
-            log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  "
+            val = f"val {record['val_acc']:.4f}  " if "val_acc" in record else ""
+            log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  {val}"
                 f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s{compiled}")
     if board is not None:
         board.close()
