@@ -78,8 +78,9 @@ class Group:
                           loss: float) -> float:
         """Replace each ``p.grad`` (a shard's batch-mean gradient) by the global batch-mean gradient.
 
-        Returns the global batch-mean loss. A rank with an empty shard contributes zeros. All
-        ranks must pass the same parameters in the same order (they do: the same model).
+        Returns the global batch-mean loss (reduced in the gradients' dtype, with the last bucket). A
+        rank with an empty shard contributes zeros. All ranks must pass the same parameters in the same
+        order (they do: the same model).
         """
         if self.world == 1:
             return loss
@@ -89,25 +90,26 @@ class Group:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
-        device, dtype = grads[0].device, grads[0].dtype
-        loss_t = torch.tensor([loss * weight if n_local else 0.0], device=device, dtype=torch.float64)
+        dtype = grads[0].dtype
+        buckets = _buckets(grads, self.bucket_bytes)
         pending = []
-        for bucket in _buckets(grads, self.bucket_bytes):
-            flat = torch.cat([g.reshape(-1).to(dtype) for g in bucket])
+        for i, bucket in enumerate(buckets):
+            parts = [g.reshape(-1).to(dtype) for g in bucket]
+            if i == len(buckets) - 1:   # the loss rides in the last bucket: one collective per small model
+                parts.append(torch.tensor([loss], dtype=dtype, device=grads[0].device))
+            flat = torch.cat(parts)
             if n_local:
                 flat.mul_(weight)
             else:
                 flat.zero_()
             pending.append((bucket, flat, self._all_reduce(flat, async_op=True)))
-        loss_work = self._all_reduce(loss_t, async_op=True)
         for bucket, flat, work in pending:
             self._wait(work)
             offset = 0
             for g in bucket:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
-        self._wait(loss_work)
-        return float(loss_t)
+        return float(pending[-1][1][-1])
 
     def share_sample_state(self, rule, rows: torch.Tensor) -> None:
         """After a step on the global batch ``rows``, give every rank every shard's per-sample rule state.
