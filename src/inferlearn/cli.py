@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     except (InferlearnError, ValueError) as exc:
         launched = os.environ.get("WORLD_SIZE", "1") != "1"
-        if not launched or os.environ.get("RANK") == "0" or isinstance(exc, DistributedError):
-            print(f"inferlearn: error: {exc}", file=sys.stderr)   # every rank has the same; rank 0 says it
+        where = f"process {os.environ.get('RANK', '?')}: " if launched and not isinstance(exc, DistributedError) else ""
+        print(f"inferlearn: error: {where}{exc}", file=sys.stderr)
         if launched:   # a process group aborts the interpreter in its destructors: leave at once
             _leave(2)
         return 2

@@ -956,8 +956,8 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
     """
     if not (isinstance(epochs, int) and epochs >= 0):
         raise ValueError(f"Invalid epochs: {epochs}")
-    folder = RunFolder(out) if out is not None else None
     main = getattr(trainer, "is_main", True)   # a block-parallel run: rank 0 writes, every rank computes
+    folder = RunFolder(out, writer=main) if out is not None else None
     if not main:
         log, progress, tensorboard = None, False, None
     if trainer.cfg.mode == "batch":

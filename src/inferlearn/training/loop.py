@@ -226,11 +226,11 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
 
 
 def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log, overwrite: bool) -> list[dict]:
-    folder = RunFolder(config.out)
+    folder = RunFolder(config.out, writer=group.is_main)
     if resume:
         if (folder.path / "config.json").exists():
             _check_same_run(folder.path, config)
-    else:
+    elif group.is_main or not overwrite:   # rank 0 alone removes a replaced run's files
         folder.refuse_overwrite(overwrite)
     s = build(config, group)
     history: list[dict] = []

@@ -37,12 +37,18 @@ class RunFolder:
 
     Args:
         path: the folder (created if missing).
+        writer: this process writes the folder (checks that it can, removes leftover temporaries). The
+            other processes of a parallel run only read it (``False``), so they never touch a file that
+            the writer is writing.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, writer: bool = True):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"Output folder {self.path} is a file; choose another --out")
+        self.removed_temporaries: list[str] = []
+        if not writer:   # another process of a parallel run writes the folder: only read it
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             probe = self.path / ".write-test"
