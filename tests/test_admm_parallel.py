@@ -70,6 +70,9 @@ def test_jacobi_updates_every_z_from_the_previous_values():
 
 def test_owners_and_refusals():
     assert block_owners(3, 2) == [0, 0, 1] and block_owners(3, 3) == [0, 1, 2] and block_owners(5, 2) == [0, 0, 0, 1, 1]
+    # balanced by cost: the wide first block alone on rank 0
+    assert block_owners(3, 2, [200_000, 65_000, 2_500]) == [0, 1, 1]
+    assert block_owners(4, 2, [1, 1, 1, 10]) == [0, 0, 0, 1]
     blocks = split_sequential(mlp("6-5-4-3", seed=0))
     with pytest.raises(ValueError, match="more than the 3 blocks"):
         check_block_parallel(ADMMConfig(z_schedule="jacobi"), blocks, 4)

@@ -12,7 +12,8 @@ folder), float32, data in memory:
 * MLP ``784-64-64-64-10`` and the conv net ``conv:8-16/64`` (``inferlearn.models.conv_net``: Conv3×3 → ReLU →
   AvgPool2 per stage, Linear 64, Linear 10; in PCX the same layers with one value node after each ReLU);
 * predictive coding at T = 15: inferlearn's ``pc`` rule vs PCX (value-node SGD ``η``, weight SGD ``lr``), at
-  inferlearn's defaults (η = 0.1, lr = 0.05) and at PCX's setting (η = 0.3, lr = 0.1);
+  inferlearn's defaults (η and the recommended SGD rate, read from the library) and at PCX's setting
+  (η = 0.3, lr = 0.1);
 * back-propagation: inferlearn's ``backprop`` rule vs the same MLP/conv net in plain JAX under ``jax.jit``
   (quadratic loss, SGD, lr 0.05);
 * batch 50 and 256; one core (one thread each: ``torch.set_num_threads(1)``; XLA
@@ -67,6 +68,7 @@ from inferlearn.data import load_dataset  # noqa: E402
 from inferlearn.diagnostics import evaluate  # noqa: E402
 from inferlearn.errors import DataError  # noqa: E402
 from inferlearn.models import build_model  # noqa: E402
+from inferlearn.rules import make_rule, recommended_lr  # noqa: E402
 from inferlearn.training.config import TrainConfig  # noqa: E402
 from inferlearn.training.loop import batch_order, build, run_epoch  # noqa: E402
 
@@ -76,7 +78,10 @@ DEFAULT_VENV = "~/.cache/inferlearn/peers/pcx-venv"
 ARCHS = {"mlp": "784-64-64-64-10", "conv": "conv:8-16/64"}
 EPOCH = 60_000
 T = 15
-SETTINGS = {"inferlearn defaults": {"eta": 0.1, "lr": 0.05}, "PCX setting": {"eta": 0.3, "lr": 0.1}}
+# inferlearn's defaults, read from the library (PC's value-node step and its recommended SGD rate); T stays 15,
+# the setting of the comparison
+SETTINGS = {"inferlearn defaults": {"eta": make_rule("pc").step_size, "lr": recommended_lr("pc", "sgd")},
+            "PCX setting": {"eta": 0.3, "lr": 0.1}}
 BP_LR = 0.05
 
 
@@ -469,7 +474,8 @@ def markdown(results, meta) -> str:
         "", "Setup (see `benchmarks/peers/README.md`): MNIST from inferlearn's loader, the same initial weights "
         "(inferlearn's, exported), the same batches in the same order, float32, data in memory, for both libraries. "
         "MLP `784-64-64-64-10` and conv net `conv:8-16/64`, ReLU. PC: T = 15 inference steps, value-node SGD step η, "
-        "weight SGD lr; *inferlearn defaults* η = 0.1, lr = 0.05; *PCX setting* η = 0.3, lr = 0.1. BP: quadratic "
+        f"weight SGD lr; *inferlearn defaults* η = {SETTINGS['inferlearn defaults']['eta']:g}, "
+        f"lr = {SETTINGS['inferlearn defaults']['lr']:g}; *PCX setting* η = 0.3, lr = 0.1. BP: quadratic "
         f"loss, SGD lr {BP_LR}. One core = one thread each, both processes pinned to the same core "
         "(`sched_setaffinity`), runs interleaved; two cores = two threads each on two cores.", "",
         "*epoch (s)*: median over repeats of the time to train the timed samples (column *timed*), scaled to 60 000 "

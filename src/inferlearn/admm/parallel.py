@@ -1,7 +1,7 @@
 """Block-parallel block-ADMM: each rank holds a contiguous run of blocks and only their state.
 
-Ranks ``0 … P-1`` own contiguous runs of blocks (:func:`block_owners`; with ``P = T`` one block
-each). Rank ``r`` with blocks ``a … b`` keeps their parameters, their ``Z_t, U_t`` (``a ≤ t ≤ b``,
+Ranks ``0 … P-1`` own contiguous runs of blocks (:func:`block_owners`, balancing the blocks' parameter
+counts; with ``P = T`` one block each). Rank ``r`` with blocks ``a … b`` keeps their parameters, their ``Z_t, U_t`` (``a ≤ t ≤ b``,
 ``t < T``) and a replica of its input ``Z_{a-1}`` (``X`` on rank 0, ``Y`` on the last rank). One
 batch outer iteration (Algorithm 1 of Khorram et al.) then runs as
 
@@ -27,6 +27,7 @@ step), no NMF modules, at most one rank per block.
 from __future__ import annotations
 
 import datetime
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -39,16 +40,30 @@ from .nmf import NMF
 from .trainer import ADMMConfig, BlockADMM
 
 
-def block_owners(T: int, world: int) -> list[int]:
-    """The rank of each block ``1 … T``: contiguous runs, sizes differing by at most one."""
+def block_owners(T: int, world: int, costs: Sequence[float] | None = None) -> list[int]:
+    """The rank of each block ``1 … T``: contiguous runs, one per rank.
+
+    Without ``costs`` the runs' lengths differ by at most one; with them (e.g. each block's parameter
+    count, which sets its share of the Θ pass and the Z update) the split minimises the largest run's
+    total cost, so that no rank waits long for the busiest (ties keep earlier ranks lighter).
+    """
     if not 1 <= world <= T:
         raise ValueError(f"--nproc {world} is more than the {T} blocks of this network; use at most {T} processes "
                          "(one block per process), or split the network into more blocks (--split)")
-    base, extra = divmod(T, world)
-    owners = []
-    for r in range(world):
-        owners += [r] * (base + (1 if r < extra else 0))
-    return owners
+    if costs is None:
+        base, extra = divmod(T, world)
+        owners = []
+        for r in range(world):
+            owners += [r] * (base + (1 if r < extra else 0))
+        return owners
+    best = None
+    for cuts in itertools.combinations(range(1, T), world - 1):
+        bounds = [0, *cuts, T]
+        load = max(sum(costs[a:b]) for a, b in zip(bounds[:-1], bounds[1:]))
+        if best is None or load < best[0]:
+            best = (load, bounds)
+    bounds = best[1]
+    return [r for r, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) for _ in range(a, b)]
 
 
 def check_block_parallel(config: ADMMConfig, blocks: Sequence[nn.Module], world: int) -> None:
@@ -84,7 +99,8 @@ class BlockParallelADMM(BlockADMM):
         check_block_parallel(config, blocks, group.world)
         super().__init__(blocks, config)
         self.group = group
-        self.owners = block_owners(self.T, group.world)
+        costs = [sum(p.numel() for p in b.parameters()) for b in self.blocks]
+        self.owners = block_owners(self.T, group.world, costs)
         self.mine = [t for t in range(1, self.T + 1) if self.owners[t - 1] == group.rank]
         self.first, self.last = self.mine[0], self.mine[-1]
 
