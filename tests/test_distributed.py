@@ -54,6 +54,14 @@ def test_shards_and_ranges_cover_every_row_once():
     assert strip_nproc(["train", "--nproc", "2", "--epochs", "3", "--nproc=4"]) == ["train", "--epochs", "3"]
 
 
+@pytest.mark.parametrize("command", ["train", "admm"])
+@pytest.mark.parametrize("nproc", ["0", "-2"])
+def test_a_bad_nproc_is_one_line(tmp_path, command, nproc):
+    r = subprocess.run(CLI + [command, "--data", "digits", "--nproc", nproc, "--out", str(tmp_path / "x")], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == f"inferlearn: error: Invalid --nproc {nproc}: must be an integer ≥ 1"
+
+
 def test_sharded_gradients_equal_the_full_batch_gradient_for_every_rule(tmp_path):
     out = tmp_path / "errors.json"
     port = free_port()

@@ -22,7 +22,7 @@ from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift,
 from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
 from ..data import DATASETS, load_dataset
 from ..training.run_folder import RunFolder
-from ..distributed import join, world_from_env
+from ..distributed import check_nproc, join, world_from_env
 from .common import (add_parallel_options, add_threads_option, check_data_dir, check_device, explicit_options,
                      remember_defaults, run_parallel, set_threads)
 from ..admm.nmf import NMF
@@ -144,6 +144,7 @@ def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
 
 
 def run(args) -> int:
+    check_nproc(args.nproc)
     set_threads(args.threads)
     resume = args.resume is not None
     if resume:

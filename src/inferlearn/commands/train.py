@@ -9,7 +9,7 @@ from ..rules import RULES
 from ..training.compare import parse_rule_options
 from ..training.config import TrainConfig
 from ..training.loop import load_config, train
-from ..distributed import world_from_env
+from ..distributed import check_nproc, world_from_env
 from ..training.run_folder import RunFolder
 from .common import (add_parallel_options, add_training_options, check_device, config_from_args, explicit_options,
                      remember_defaults, run_parallel, set_threads)
@@ -33,6 +33,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_nproc(args.nproc)
     if args.resume:
         given = explicit_options(args) - RESUME_OPTIONS
         if given:
