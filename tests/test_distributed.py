@@ -150,6 +150,26 @@ def test_a_killed_rank_ends_the_run_and_it_resumes_with_another_nproc(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find a rank")
+def test_killing_the_launcher_kills_its_workers(tmp_path):
+    """The elastic launcher starts workers in sessions of their own: without PR_SET_PDEATHSIG they
+    would train on, and write the run folder, after ``kill -9`` of the launcher."""
+    tag, run = uuid.uuid4().hex, tmp_path / "run"
+    proc = subprocess.Popen(CLI + TRAIN + ["--epochs", "400", "--out", str(run), "--nproc", "2"], env=_env(tag),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    _wait_for_epochs(run, 1, deadline)
+    worker = _rank_pid(tag, 0, deadline)
+    proc.kill()
+    proc.wait(timeout=30)
+    for _ in range(100):
+        if not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("a worker outlived its launcher")
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find a rank")
 def test_a_hung_rank_makes_the_others_fail_within_the_timeout(tmp_path):
     tag, run = uuid.uuid4().hex, tmp_path / "run"
     proc = subprocess.Popen(CLI + TRAIN + ["--epochs", "400", "--out", str(run), "--nproc", "2", "--dist-timeout", "3"],

@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)   # for --nproc, which re-runs the command
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        from .distributed.launch import die_with_launcher
+
+        die_with_launcher()
     try:
         rc = int(args.func(args) or 0)
         if os.environ.get("WORLD_SIZE", "1") != "1":

@@ -17,6 +17,27 @@ import uuid
 from ..errors import DistributedError
 
 
+LAUNCHER_PID = "INFERLEARN_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """In a process started by :func:`launch`: be killed when the launcher dies (Linux).
+
+    The elastic launcher starts each worker in a session of its own, so ``kill -9`` of the launcher (or
+    of its process group) would leave the workers training on, and writing the run folder, beside a
+    ``--resume``. ``PR_SET_PDEATHSIG`` makes the kernel send them ``SIGKILL`` instead.
+    """
+    launcher = os.environ.get(LAUNCHER_PID)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != int(launcher):   # the launcher died before the call above
+        os._exit(1)
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -67,6 +88,7 @@ def launch(argv: list[str], nproc: int, resume_hint: str) -> int:
                           max_restarts=0, monitor_interval=0.1, start_method="spawn",
                           local_addr="127.0.0.1", shutdown_timeout=5)
     os.environ.setdefault("OMP_NUM_THREADS", "1")   # one thread per rank unless told otherwise
+    os.environ[LAUNCHER_PID] = str(os.getpid())      # the workers die with this process (die_with_launcher)
     try:
         elastic_launch(config, sys.executable)("-m", "inferlearn", *argv)
     except ChildFailedError as exc:
