@@ -30,3 +30,13 @@ def test_readme_example_runs():
     text = (ROOT / "README.md").read_text()
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "make_rule" in b]
     exec(compile(code, "README.md", "exec"), {})
+
+
+def test_readme_links_resolve():
+    """The README is not part of the site, so the strict build does not check its links: check them here."""
+    import re
+    text = re.sub(r"```.*?```", "", (ROOT / "README.md").read_text(), flags=re.S)
+    links = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:|#", t)]
+    assert links, "the README links to no page"
+    missing = [t for t in links if not (ROOT / t.split("#")[0]).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
