@@ -6,8 +6,6 @@ relative differences of weights, Z, U, predictions and metrics as JSON to ``argv
 that a gathered checkpoint loads back (into both trainers) and continues identically.
 """
 import copy
-import json
-import os
 import sys
 
 import torch
@@ -16,6 +14,7 @@ from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.admm.parallel import BlockParallelADMM
 from inferlearn.admm.trainer import ADMMConfig, BlockADMM
 from inferlearn.distributed import join
+from oracle_helpers import finish_worker
 
 
 def rel(a, b):
@@ -61,12 +60,7 @@ def main(out: str, adaptive: bool) -> None:
     again.epoch()
     ref.epoch()
     errors["resumed predict"] = rel(again.predict(X), ref.predict(X))
-    if group.is_main:
-        with open(out, "w") as f:
-            json.dump(errors, f)
-    group.close()
-    sys.stdout.flush()
-    os._exit(0)   # skip the gloo group's destructor, which races with peers that have exited
+    finish_worker(group, errors, out)
 
 
 if __name__ == "__main__":

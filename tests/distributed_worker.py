@@ -4,14 +4,13 @@ For every registered rule, on the MLP and on a conv net, in float64: the gradien
 ranks' shards (:meth:`Group.average_gradients`) must equal the gradient one process computes on the
 whole batch. Rank 0 writes ``{rule/model: max relative error}`` as JSON to ``argv[1]``.
 """
-import json
-import os
 import sys
 
 import torch
 from torch import nn
 
 from inferlearn.distributed import join
+from oracle_helpers import finish_worker
 from inferlearn.models import MLP
 from inferlearn.rules import RULES, make_rule
 
@@ -47,12 +46,7 @@ def main(out: str) -> None:
             loss = group.average_gradients(list(model.parameters()), len(rows), 11, loss)
             err = float((grads(model) - full).norm() / full.norm())
             errors[f"{name}/{model_name}"] = max(err, abs(loss - full_loss) / abs(full_loss))
-    if group.is_main:
-        with open(out, "w") as f:
-            json.dump(errors, f)
-    group.close()
-    sys.stdout.flush()
-    os._exit(0)   # skip the gloo group's destructor, which races with peers that have exited
+    finish_worker(group, errors, out)
 
 
 if __name__ == "__main__":

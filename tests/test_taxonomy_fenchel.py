@@ -7,18 +7,13 @@ from inferlearn.diagnostics import rule_gradients
 from inferlearn.models import MLP
 from inferlearn.rules import BackProp, make_rule
 from inferlearn.rules.fenchel import FenchelActivation, FenchelBackProp, convert_activations
+from oracle_helpers import random_batch, relative_error as _rel
 
 DT = torch.float64
 
 
 def _batch(n_in=7, n_out=4, b=9, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(b, n_in, generator=gen, dtype=DT), torch.randint(0, n_out, (b,), generator=gen)
-
-
-def _rel(g, ref):
-    num = sum(float((g[k] - ref[k]).pow(2).sum()) for k in ref) ** 0.5
-    return num / sum(float(ref[k].pow(2).sum()) for k in ref) ** 0.5
+    return random_batch(n_in, n_out, b, seed)
 
 
 @pytest.mark.parametrize("units", ["relu", "hard-sigmoid", "hard-tanh", "linear"])

@@ -23,18 +23,13 @@ from inferlearn.engine.layered import LayeredProblem
 from inferlearn.rules.lifted_fenchel import LiftedFenchel
 from inferlearn.rules.predictive_coding import PredictiveCoding
 from inferlearn.rules.eqprop import EquilibriumPropagation
+from oracle_helpers import random_batch, relative_error as _rel
 
 DT = torch.float64
 
 
 def _data(n_in=6, n_out=3, b=8, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(b, n_in, generator=gen, dtype=DT), torch.randint(0, n_out, (b,), generator=gen)
-
-
-def _rel(g, ref):
-    num = sum(float((g[k] - ref[k]).pow(2).sum()) for k in ref) ** 0.5
-    return num / sum(float(ref[k].pow(2).sum()) for k in ref) ** 0.5
+    return random_batch(n_in, n_out, b, seed)
 
 
 def _implicit_lifted_gradient(model, x, labels, gamma):
