@@ -49,7 +49,9 @@ def test_reproduce_alignment_gammas(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, msg", [
     (["--table", "5"], "invalid choice"),
-    (["--table", "1", "--gamma", "0"], "Invalid gamma: 0"),
+    (["--table", "1", "--gamma", "0"], "Invalid gamma '0' in --gamma"),
+    (["--table", "1", "--gamma", "1/0"], "Invalid gamma '1/0' in --gamma"),
+    (["--duality", "--gamma=-1/8"], "Invalid gamma '-1/8' in --gamma"),
     (["--table", "1", "--rows", "magic"], "Unknown row 'magic'"),
     (["--table", "1", "--acts", "softplus"], "Unknown unit type 'softplus'"),
 ])

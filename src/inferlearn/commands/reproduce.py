@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: the paper's, 100 or 50)")
     p.add_argument("--acts", default=",".join(ACTS), help="comma-separated unit types (default %(default)s)")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated rules (default: all four rows)")
-    p.add_argument("--gamma", type=float, default=1 / 8, help="feedback weight (default 1/8)")
+    p.add_argument("--gamma", default="1/8", help="feedback weight, a number or a fraction (default 1/8)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 1/20)")
     p.add_argument("--batch-size", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
@@ -46,6 +46,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     set_threads(args.threads)
+    args.gamma = _gamma(args.gamma, "--gamma")
     if args.alignment:
         from pathlib import Path
 
@@ -87,8 +88,6 @@ def run(args) -> int:
         raise ValueError("Give --table N (1-4), --figure 1, --alignment or --duality")
     if args.epochs is not None and args.epochs < 1:
         raise ValueError(f"Invalid epochs: {args.epochs}")
-    if not args.gamma > 0:
-        raise ValueError(f"Invalid gamma: {args.gamma}")
     if args.figure is not None:
         from ..experiments.lifted_tables import FIGURE1_ROWS, reproduce_figure1
 
@@ -119,18 +118,20 @@ def run(args) -> int:
 
 def _gammas(text: str) -> tuple[float, ...]:
     """Parse ``1,1/2,0.125`` into positive floats (a bad value ends with a one-line error)."""
-    out = []
-    for t in text.split(","):
-        t = t.strip()
-        try:
-            num, _, den = t.partition("/")
-            g = float(num) / float(den) if den else float(num)
-        except (ValueError, ZeroDivisionError):
-            g = float("nan")
-        if not g > 0 or g == float("inf"):
-            raise ValueError(f"Invalid gamma {t!r} in --gammas; give positive numbers or fractions, e.g. 1,1/2,1/8")
-        out.append(g)
-    return tuple(out)
+    return tuple(_gamma(t, "--gammas") for t in text.split(","))
+
+
+def _gamma(text: str, flag: str) -> float:
+    """Parse one positive feedback weight, ``0.125`` or ``1/8``; a bad value ends with a one-line error."""
+    t = str(text).strip()
+    try:
+        num, _, den = t.partition("/")
+        g = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        g = float("nan")
+    if not g > 0 or g == float("inf"):
+        raise ValueError(f"Invalid gamma {t!r} in {flag}; give a positive number or fraction, e.g. 1/8")
+    return g
 
 
 def _command(args, acts: str | None = None, rows: str | None = None) -> str:
