@@ -5,9 +5,10 @@ family of energy-based rules (CHL, equilibrium propagation, predictive coding), 
 block-ADMM -- each a rule that fills ``.grad`` of a PyTorch model (or, for block-ADMM, a trainer).
 """
 from .engine.chain import declare_affine, model_chain
-from .errors import ConvergenceError, ConvergenceWarning, DataError, DivergenceError, InferlearnError, InferlearnWarning
+from .errors import (ConvergenceError, ConvergenceWarning, DataError, DivergenceError, InferlearnError, InferlearnWarning,
+                     PrecisionWarning)
 
 __version__ = "0.1.0"
 
 __all__ = ["declare_affine", "model_chain", "ConvergenceError", "ConvergenceWarning", "DataError", "DivergenceError", "InferlearnError",
-           "InferlearnWarning", "__version__"]
+           "InferlearnWarning", "PrecisionWarning", "__version__"]

@@ -38,6 +38,11 @@ class ConvergenceWarning(InferlearnWarning):
     """An iterative solver stopped at its iteration limit before reaching its tolerance."""
 
 
+class PrecisionWarning(InferlearnWarning):
+    """A computation's signal is so small against its operands that the floating-point type cannot
+    resolve it (e.g. a contrastive difference of order γ^{L-1} in float32)."""
+
+
 class UnverifiedDataWarning(InferlearnWarning):
     """A data file whose checksum does not match the published one was read, by explicit opt-in
     (``allow_unverified=True``, ``--allow-unverified``)."""
