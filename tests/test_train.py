@@ -99,6 +99,7 @@ def test_finite_explosion_is_divergence(tmp_path):
     (dict(optimizer="lbfgs"), "Unknown optimizer"),
     (dict(epochs=0), "Invalid epochs"),
     (dict(arch="64-x-10"), "Invalid architecture"),
+    (dict(dtype="float16"), "Unknown dtype 'float16'"),
 ])
 def test_bad_config(tmp_path, bad, msg):
     with pytest.raises(Exception, match=msg):
@@ -214,3 +215,19 @@ def test_lr_defaults_to_the_rules_recommendation(tmp_path):
     assert json.loads((tmp_path / "r" / "config.json").read_text())["lr"] == recommended_lr("pc", "sgd")
     with pytest.raises(ValueError, match="Unknown rule"):
         recommended_lr("nope", "sgd")
+
+
+def test_float64_runs_start_from_the_float32_weights_and_resume_exactly(tmp_path):
+    """``dtype="float64"`` trains a float64 model from the same initial weights as float32 (its first-epoch
+    metrics agree to float32 round-off), keeps float64 in its checkpoint and resumes exactly."""
+    import torch
+
+    f32 = train(_cfg(tmp_path, "f32", rule="contrastive", epochs=1), progress=False, log=None)
+    full = train(_cfg(tmp_path, "f64", rule="contrastive", dtype="float64", epochs=2), progress=False, log=None)
+    assert abs(full[0]["train_loss"] - f32[0]["train_loss"]) < 1e-4 * f32[0]["train_loss"]
+    ckpt = torch.load(tmp_path / "f64" / "checkpoint.pt", weights_only=False)
+    assert all(v.dtype == torch.float64 for v in ckpt["model"].values() if v.is_floating_point())
+    train(_cfg(tmp_path, "part", rule="contrastive", dtype="float64", epochs=1), progress=False, log=None)
+    resumed = train(_cfg(tmp_path, "part", rule="contrastive", dtype="float64", epochs=2), progress=False,
+                    resume=True, log=None)
+    assert _strip(resumed) == _strip(full)

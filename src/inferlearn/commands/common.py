@@ -31,6 +31,9 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in)")
     p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
+    p.add_argument("--dtype", default=defaults.dtype, choices=["float32", "float64"],
+                   help="floating-point type of the model and inputs (default %(default)s; float64 for deep "
+                        "contrastive or EqProp networks at small gamma, see PrecisionWarning)")
     p.add_argument("--data-dir", default=None, help="folder searched first for dataset files")
     p.add_argument("--allow-unverified", action="store_true",
                    help="read data files whose checksums differ from the published ones (with a warning)")
@@ -131,7 +134,7 @@ def config_from_args(args, **overrides) -> TrainConfig:
     check_data_dir(args.data_dir)
     return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
                        optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
-                       init_scale=args.init_scale, device=args.device, out=args.out, data_dir=args.data_dir,
+                       init_scale=args.init_scale, device=args.device, dtype=args.dtype, out=args.out, data_dir=args.data_dir,
                        limit_train=args.limit_train, val_size=args.val_size, allow_unverified=args.allow_unverified,
                        tensorboard=args.tensorboard, threads=torch.get_num_threads(),
                        dist_timeout=getattr(args, "dist_timeout", 120.0), compile=getattr(args, "compile", "auto"),

@@ -39,6 +39,8 @@ def register(sub) -> None:
                    help="read data files whose checksums differ from the published ones (with a warning), "
                         "e.g. the grayscale CIFAR-10 copy for Table 4")
     p.add_argument("--out", default="runs/reproduce_lifted", help="output folder (default %(default)s)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="floating-point type of the tables' runs (default %(default)s; the same initial weights either way)")
     p.add_argument("--progress", action="store_true", help="show progress bars")
     add_threads_option(p)
     p.set_defaults(func=run)
@@ -110,7 +112,7 @@ def run(args) -> int:
                          rows=[r.strip() for r in args.rows.split(",") if r.strip()], gamma=args.gamma, lr=args.lr,
                          batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
                          limit_train=args.limit_train, solver=args.solver,
-                         allow_unverified=args.allow_unverified, command=_command(args),
+                         allow_unverified=args.allow_unverified, dtype=args.dtype, command=_command(args),
                          progress=args.progress)
     print(md)
     return 0
@@ -147,4 +149,6 @@ def _command(args, acts: str | None = None, rows: str | None = None) -> str:
             parts += [flag, str(value)]
     if args.allow_unverified:
         parts.append("--allow-unverified")
+    if getattr(args, "dtype", "float32") != "float32":
+        parts += ["--dtype", args.dtype]
     return " ".join(shlex.quote(p) for p in parts)

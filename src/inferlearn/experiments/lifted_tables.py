@@ -63,7 +63,7 @@ def table_spec(n: int) -> TableSpec:
 def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACTS, rows=ROWS, gamma: float = 1 / 8,
                     lr: float = 0.05, batch_size: int = 50, seed: int = 0, data_dir: str | None = None,
                     limit_train: int | None = None, solver: str | None = None, allow_unverified: bool = False,
-                    command: str = "",
+                    dtype: str = "float32", command: str = "",
                     progress: bool = False, log=print) -> str:
     """Train the table's rows (resuming finished runs) and write ``table{n}.md``; returns the Markdown.
 
@@ -85,7 +85,7 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
             folder = root / ("any" if rule == "linear-regression" else act) / rule
             cfg = row_config(spec, rule, act, folder, epochs=epochs, gamma=gamma, lr=lr, batch_size=batch_size,
                              seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver,
-                             allow_unverified=allow_unverified)
+                             allow_unverified=allow_unverified, dtype=dtype)
             if log:
                 log(f"table {n} {act} {rule}: {epochs} epochs -> {folder}")
             try:
@@ -109,7 +109,7 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
 def row_config(spec: TableSpec, rule: str, act: str, folder: str | Path, epochs: int, gamma: float = 1 / 8,
                lr: float = 0.05, batch_size: int = 50, seed: int = 0, data_dir: str | None = None,
                limit_train: int | None = None, solver: str | None = None,
-               allow_unverified: bool = False) -> TrainConfig:
+               allow_unverified: bool = False, dtype: str = "float32") -> TrainConfig:
     """The training configuration of one row of a table (or of Fig. 1): rule, schedule and model.
 
     Back-propagation and contrastive learning use η throughout; standard lifted training the
@@ -129,7 +129,7 @@ def row_config(spec: TableSpec, rule: str, act: str, folder: str | Path, epochs:
     return TrainConfig(data=spec.data, arch=arch, act="relu" if rule == "linear-regression" else act,
                        rule=train_rule, rule_options=opts, epochs=epochs, batch_size=batch_size,
                        optimizer="sgd", lr=lr, lr_schedule=schedule, seed=seed, out=str(folder),
-                       data_dir=data_dir, limit_train=limit_train, allow_unverified=allow_unverified)
+                       data_dir=data_dir, limit_train=limit_train, allow_unverified=allow_unverified, dtype=dtype)
 
 
 # Fig. 1: "the first layer weights of a fully connected 784-64-64-10 ReLU network trained on MNIST";

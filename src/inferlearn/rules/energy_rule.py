@@ -60,7 +60,7 @@ def check_signal_precision(signal: float, dtype: torch.dtype, what: str, tol: fl
     if signal < PRECISION_FLOOR_EPS * eps:
         warnings.warn(f"{what} = {signal:.2g} is below {PRECISION_FLOOR_EPS} {str(dtype).replace('torch.', '')} "
                       f"epsilons ({PRECISION_FLOOR_EPS * eps:.1e}): the first layers' gradients are dominated by "
-                      f"round-off; use a larger gamma (or beta), fewer layers, or a float64 model",
+                      f"round-off; use a larger gamma (or beta), fewer layers, or float64 (--dtype float64)",
                       PrecisionWarning, stacklevel=4)
     elif tol is not None and signal < tol:
         warnings.warn(f"{what} = {signal:.2g} is below the solver's tolerance ({tol:g}): the nudged phase stops "

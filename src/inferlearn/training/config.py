@@ -12,6 +12,7 @@ from ..models import check_arch
 from .schedules import check_schedule
 
 OPTIMIZERS = ("sgd", "adam")
+DTYPES = ("float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class TrainConfig:
         seed: seeds the weights and the batch order; same seed and config give the same metrics on CPU.
         init_scale: weights ``N(0, init_scale²/fan_in)``, biases 0.
         device: ``cpu`` or ``cuda``.
+        dtype: ``float32`` (default) or ``float64``, the model's and the inputs' floating-point type. The
+            weights are drawn in float32 either way, so both start from the same network; float64 resolves
+            the small two-phase differences of deep contrastive / EqProp networks (``PrecisionWarning``).
         out: output folder.
         data_dir: a folder searched first for data files.
         threads: PyTorch intra-op threads the run used (``--threads``; recorded, not a setting of the maths).
@@ -74,6 +78,7 @@ class TrainConfig:
     seed: int = 0
     init_scale: float = 1.0
     device: str = "cpu"
+    dtype: str = "float32"
     out: str = "runs/train"
     data_dir: str | None = None
     allow_unverified: bool = False
@@ -118,6 +123,8 @@ class TrainConfig:
         check_compile_mode(self.compile)
         if isinstance(self.val_size, bool) or not isinstance(self.val_size, int) or self.val_size < 0:
             raise ValueError(f"Invalid val_size: {self.val_size} (must be an integer ≥ 0)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Unknown dtype {self.dtype!r}; choose one of {list(DTYPES)}")
         if not self.device.startswith(("cpu", "cuda", "mps")):
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
 

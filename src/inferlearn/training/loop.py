@@ -86,19 +86,19 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
     config = config.resolved()
     data = load_dataset(config.data, config.data_dir, allow_unverified=config.allow_unverified)
     rule = make_rule(config.rule, config.rule_options)
-    device = torch.device(config.device)
+    device, dtype = torch.device(config.device), getattr(torch, config.dtype)
     model = build_model(config.arch, config.act, data.n_features, data.n_classes, data.image_shape,
-                        seed=config.seed, init_scale=config.init_scale, data_name=data.name).to(device)
+                        seed=config.seed, init_scale=config.init_scale, data_name=data.name).to(device, dtype)
     fit, val = split_train(data.train_x.shape[0], config.val_size, config.limit_train, data.name)
     params = [p for p in model.parameters() if p.requires_grad]
     if config.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
     else:
         opt = torch.optim.Adam(params, lr=config.lr)
-    val_x = data.train_x[val].to(device) if config.val_size else None
+    val_x = data.train_x[val].to(device, dtype) if config.val_size else None
     val_y = data.train_y[val].to(device) if config.val_size else None
-    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[fit].to(device),
-                 data.train_y[fit].to(device), data.test_x.to(device), data.test_y.to(device), val_x=val_x, val_y=val_y,
+    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[fit].to(device, dtype),
+                 data.train_y[fit].to(device), data.test_x.to(device, dtype), data.test_y.to(device), val_x=val_x, val_y=val_y,
                  group=group or Group())
 
 
