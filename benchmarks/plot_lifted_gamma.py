@@ -15,8 +15,10 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMALL = RESULTS / "lifted_small_gamma"
-#: (table, small-γ folder under lifted_small_gamma/, its γ)
-RUNS = [(2, "table2_gamma1-32", "1/32"), (3, "table3_gamma1-16", "1/16"), (4, "table4_gamma1-32", "1/32")]
+#: per table, the smaller-γ reruns: (folder under lifted_small_gamma/, label)
+RUNS = [(2, [("table2_gamma1-32", "γ = 1/32")]),
+        (3, [("table3_gamma1-16", "γ = 1/16"), ("table3_gamma1-16_float64", "γ = 1/16, float64")]),
+        (4, [("table4_gamma1-32", "γ = 1/32")])]
 ACTS = ("relu", "hard-sigmoid")
 
 
@@ -30,17 +32,17 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(t, sub, g, act) for t, sub, g in RUNS for act in ACTS]
+    panels = [(t, reruns, act) for t, reruns in RUNS for act in ACTS]
     fig, axes = plt.subplots(2, len(panels), figsize=(3.2 * len(panels), 6), squeeze=False)
     lines = ["# Contrastive training at a smaller γ", "",
              "Command: `python benchmarks/plot_lifted_gamma.py` (reads the committed runs; each table's own file "
              "gives the command that trained it).", "",
              "| table | units | method | epochs | final test | best test (epoch) | lowest train loss (epoch) | final train loss |",
              "|---|---|---|---|---|---|---|---|"]
-    for j, (t, sub, g, act) in enumerate(panels):
+    for j, (t, reruns, act) in enumerate(panels):
         runs = {"back-propagation": metrics(RESULTS / f"lifted_table{t}" / act / "backprop"),
-                "contrastive γ = 1/8": metrics(RESULTS / f"lifted_table{t}" / act / "contrastive"),
-                f"contrastive γ = {g}": metrics(SMALL / sub / act / "contrastive")}
+                "contrastive γ = 1/8": metrics(RESULTS / f"lifted_table{t}" / act / "contrastive")}
+        runs |= {f"contrastive {label}": metrics(SMALL / sub / act / "contrastive") for sub, label in reruns}
         for name, m in runs.items():
             if not m:
                 continue
