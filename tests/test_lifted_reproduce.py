@@ -69,3 +69,22 @@ class _nullcontext:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("what", [["--figure", "1"], ["--table", "1", "--acts", "relu", "--rows", "contrastive"]])
+def test_reproduce_dtype_reaches_every_run(what, mnist_dir, tmp_path):
+    """Guards against --dtype float64 being ignored by a reproduction: every run's config and weights are
+    float64, and the written command carries the option."""
+    import json
+
+    import torch
+
+    out = tmp_path / "d"
+    assert main(["reproduce", "lifted", *what, "--epochs", "1", "--limit-train", "100", "--dtype", "float64",
+                 "--data-dir", mnist_dir, "--out", str(out)]) == 0
+    configs = list(out.rglob("config.json"))
+    assert configs and all(json.loads(c.read_text())["dtype"] == "float64" for c in configs)
+    for c in configs:
+        ckpt = torch.load(c.parent / "checkpoint.pt", weights_only=False)
+        assert all(v.dtype == torch.float64 for v in ckpt["model"].values() if v.is_floating_point())
+    assert "--dtype float64" in next(out.rglob("*.md")).read_text()

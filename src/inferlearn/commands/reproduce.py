@@ -40,7 +40,7 @@ def register(sub) -> None:
                         "e.g. the grayscale CIFAR-10 copy for Table 4")
     p.add_argument("--out", default="runs/reproduce_lifted", help="output folder (default %(default)s)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
-                   help="floating-point type of the tables' runs (default %(default)s; the same initial weights either way)")
+                   help="floating-point type of the tables' and Fig. 1's runs (default %(default)s; the same initial weights either way; --alignment and --duality always use float64)")
     p.add_argument("--progress", action="store_true", help="show progress bars")
     add_threads_option(p)
     p.set_defaults(func=run)
@@ -102,7 +102,7 @@ def run(args) -> int:
         for act in acts:
             md = reproduce_figure1(args.out, epochs=args.epochs, act=act, rows=rows, gamma=args.gamma, lr=args.lr,
                                    batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
-                                   limit_train=args.limit_train, solver=args.solver,
+                                   limit_train=args.limit_train, solver=args.solver, dtype=args.dtype,
                                    command=_command(args, acts=",".join(acts), rows=",".join(rows)),
                                    progress=args.progress)
             print(md)

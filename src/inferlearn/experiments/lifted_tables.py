@@ -141,7 +141,7 @@ FIGURE1_ROWS = ("backprop", "contrastive", "lifted-j0")
 def reproduce_figure1(out: str | Path, epochs: int | None = None, act: str = "relu", rows=FIGURE1_ROWS,
                       gamma: float = 1 / 8, lr: float = 0.05, batch_size: int = 50, seed: int = 0,
                       data_dir: str | None = None, limit_train: int | None = None, solver: str | None = None,
-                      command: str = "", progress: bool = False, log=print) -> str:
+                      dtype: str = "float32", command: str = "", progress: bool = False, log=print) -> str:
     """Fig. 1: train BP, contrastive and standard lifted on MNIST 784-64-64-10 (ReLU) from the same
     weights and draw their first-layer filters side by side; returns (and writes) ``figure1.md``.
 
@@ -158,7 +158,7 @@ def reproduce_figure1(out: str | Path, epochs: int | None = None, act: str = "re
     for rule in rows:
         folder = root / act / rule
         cfg = row_config(spec, rule, act, folder, epochs=epochs, gamma=gamma, lr=lr, batch_size=batch_size,
-                         seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver)
+                         seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver, dtype=dtype)
         if log:
             log(f"figure 1 {act} {rule}: {epochs} epochs -> {folder}")
         results[rule] = train(cfg, progress=progress, resume=True, log=log)
