@@ -103,6 +103,14 @@ def main():
     write(rows, args, acts, hiddens, dens, time.time() - t0)
 
 
+def _error_table(h: int, head: str, entries) -> list[str]:
+    """A Markdown table of per-layer relative errors: one row per ``(setting, signal, row)``."""
+    lines = [head + " variant | " + " | ".join(f"W{k}" for k in range(h + 1)) + " |", "|---|---|---|" + "---|" * (h + 1)]
+    for setting, signal, r in entries:
+        lines.append(f"| {setting} | {signal:.1e} | {r['variant']} | " + " | ".join(f"{e:.3g}" for e in r["errs"]) + " |")
+    return lines + [""]
+
+
 def write(rows, args, acts, hiddens, dens, seconds):
     import matplotlib
     matplotlib.use("Agg")
@@ -125,22 +133,13 @@ def write(rows, args, acts, hiddens, dens, seconds):
              f"Wall time {seconds / 60:.1f} min.", ""]
     for act in acts:
         for h in hiddens:
-            lines += [f"## {act}, {h} hidden layers (γ^(L-1) = γ^{h})", "",
-                      "| γ | γ^(L-1) | variant | " + " | ".join(f"W{k}" for k in range(h + 1)) + " |",
-                      "|---|---|---|" + "---|" * (h + 1)]
-            for r in rows:
-                if r["act"] == act and r["hidden"] == h and "den" in r:
-                    lines.append(f"| 1/{r['den']} | {(1 / r['den']) ** h:.1e} | {r['variant']} | "
-                                 + " | ".join(f"{e:.3g}" for e in r["errs"]) + " |")
-            lines.append("")
-            lines += [f"Equilibrium propagation, {act}, {h} hidden layers, γ = 1/8:", "",
-                      "| β | β γ^(L-1) | variant | " + " | ".join(f"W{k}" for k in range(h + 1)) + " |",
-                      "|---|---|---|" + "---|" * (h + 1)]
-            for r in rows:
-                if r["act"] == act and r["hidden"] == h and "beta" in r:
-                    lines.append(f"| {r['beta']:g} | {r['beta'] * (1 / 8) ** h:.1e} | {r['variant']} | "
-                                 + " | ".join(f"{e:.3g}" for e in r["errs"]) + " |")
-            lines.append("")
+            selected = [r for r in rows if r["act"] == act and r["hidden"] == h]
+            lines += [f"## {act}, {h} hidden layers (γ^(L-1) = γ^{h})", ""]
+            lines += _error_table(h, "| γ | γ^(L-1) |", [(f"1/{r['den']}", (1 / r["den"]) ** h, r)
+                                                         for r in selected if "den" in r])
+            lines += [f"Equilibrium propagation, {act}, {h} hidden layers, γ = 1/8:", ""]
+            lines += _error_table(h, "| β | β γ^(L-1) |", [(f"{r['beta']:g}", r["beta"] * (1 / 8) ** h, r)
+                                                           for r in selected if "beta" in r])
     (RESULTS / "contrastive_small_gamma.md").write_text("\n".join(lines))
 
     fig, axes = plt.subplots(len(acts), len(hiddens), figsize=(4 * len(hiddens), 3.4 * len(acts)), squeeze=False,

@@ -27,7 +27,7 @@ from ..engine.fused import accumulate_dense_grads
 from ..engine.layered import LayeredProblem
 from ..losses import one_hot, quadratic_loss
 from .base import StepInfo, register_rule
-from .energy_rule import LiftedEnergyRule, check_signal_precision, info_extras
+from .energy_rule import LiftedEnergyRule, info_extras
 
 
 @register_rule
@@ -55,12 +55,12 @@ class Contrastive(LiftedEnergyRule):
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self.chain(model)
         B, L = x.shape[0], chain.depth
+        self.check_precision(L, x.dtype)
         if fused:
             energy, x, y = self.dense_inputs(chain, x, labels)
             problem = contrastive_problem(energy, x, y, check=False)   # x was validated by Rule.backward
             output = problem.forward_state()[1][L][:B]
             hidden, info = self._solver.solve(problem)
-            check_signal_precision(energy.term_weights[L], x.dtype, f"gamma^(L-1) = {self.gamma:.3g}^{L - 1}")
             scale = 1.0 / (B * energy.term_weights[L])
             accumulate_dense_grads(chain, contrastive_grads(energy, problem.full(hidden), scale, problem.pre_of(hidden)))
         else:
@@ -71,7 +71,6 @@ class Contrastive(LiftedEnergyRule):
             clamped = torch.arange(2 * B, device=x.device) >= B
             problem = free.stacked(2, target=torch.cat([y, y]), clamped=clamped)
             hidden, info = self._solver.solve(problem)
-            check_signal_precision(energy.term_weights[L], x.dtype, f"gamma^(L-1) = {self.gamma:.3g}^{L - 1}")
             scale = 1.0 / (B * energy.term_weights[L])
             sign = clamped.to(x.dtype) * 2.0 - 1.0            # −1 on free rows, +1 on clamped rows
             problem.accumulate_weight_grads(hidden, sign * scale)

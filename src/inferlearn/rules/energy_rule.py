@@ -46,28 +46,6 @@ def info_extras(info: SolveInfo) -> dict:
     return {"solver_iterations": info.iterations, "solver_residual": info.residual}
 
 
-def check_signal_precision(signal: float, dtype: torch.dtype, what: str, tol: float | None = None) -> None:
-    """Warn (:class:`~inferlearn.errors.PrecisionWarning`) when a two-phase rule's signal is near ``dtype``'s resolution.
-
-    Contrastive rules subtract two minimisers whose first layers differ by about ``signal`` (γ^{L-1} for
-    J_1, β γ^{L-1} for equilibrium propagation) relative to O(1) activations, then divide by ``signal``:
-    below ``PRECISION_FLOOR_EPS`` machine epsilons the round-off of each phase dominates the difference.
-    With ``tol`` (a phase that starts from the other's solution, as equilibrium propagation's nudged
-    phase does) a signal below the solver's step tolerance also warns: the solve stops before the nudge
-    reaches the first layers, whose gradient then vanishes (measured in float64 with 5 hidden layers).
-    """
-    eps = torch.finfo(dtype).eps
-    if signal < PRECISION_FLOOR_EPS * eps:
-        warnings.warn(f"{what} = {signal:.2g} is below {PRECISION_FLOOR_EPS} {str(dtype).replace('torch.', '')} "
-                      f"epsilons ({PRECISION_FLOOR_EPS * eps:.1e}): the first layers' gradients are dominated by "
-                      f"round-off; use a larger gamma (or beta), fewer layers, or float64 (--dtype float64)",
-                      PrecisionWarning, stacklevel=4)
-    elif tol is not None and signal < tol:
-        warnings.warn(f"{what} = {signal:.2g} is below the solver's tolerance ({tol:g}): the nudged phase stops "
-                      f"before its signal reaches the first layers; use a larger beta or gamma, or a smaller tol",
-                      PrecisionWarning, stacklevel=4)
-
-
 def check_engine(engine: str) -> str:
     if engine not in ENGINES:
         raise ValueError(f"Invalid engine: {engine!r}; choose one of {list(ENGINES)}")
@@ -119,9 +97,34 @@ class LiftedEnergyRule(Rule):
         x = x.reshape(x.shape[0], -1)
         return energy, x, one_hot(labels, energy.sizes[-1], x.dtype)
 
+    def check_precision(self, depth: int, dtype: torch.dtype, beta: float | None = None) -> None:
+        """Warn (:class:`~inferlearn.errors.PrecisionWarning`) when this rule's two-phase signal is near ``dtype``'s resolution.
+
+        The phases' first layers differ by about ``γ^{L-1}`` (contrastive J_1) or ``β γ^{L-1}`` (a nudged phase,
+        ``beta``) relative to O(1) activations, and the gradient divides by that signal: below
+        ``PRECISION_FLOOR_EPS`` machine epsilons the round-off of each phase dominates the difference. A nudged
+        phase starts from the free solution, so a signal below the solver's step tolerance also warns: the solve
+        stops before the nudge reaches the first layers, whose gradient then vanishes (measured in float64 with
+        5 hidden layers). Runs once per step, before inference; the message is built only when it warns.
+        """
+        signal = self.gamma ** (depth - 1) * (1.0 if beta is None else beta)
+        eps, tol = torch.finfo(dtype).eps, getattr(self._solver, "tol", None) if beta is not None else None
+        if signal >= PRECISION_FLOOR_EPS * eps and (tol is None or signal >= tol):
+            return
+        what = (f"gamma^(L-1) = {self.gamma:.3g}^{depth - 1}" if beta is None
+                else f"beta * gamma^(L-1) = {beta:.3g} * {self.gamma:.3g}^{depth - 1}")
+        if signal < PRECISION_FLOOR_EPS * eps:
+            warnings.warn(f"{what} = {signal:.2g} is below {PRECISION_FLOOR_EPS} {str(dtype).replace('torch.', '')} "
+                          f"epsilons ({PRECISION_FLOOR_EPS * eps:.1e}): the first layers' gradients are dominated by "
+                          f"round-off; use a larger gamma (or beta), fewer layers, or float64 (--dtype float64)",
+                          PrecisionWarning, stacklevel=4)
+        else:
+            warnings.warn(f"{what} = {signal:.2g} is below the solver's tolerance ({tol:g}): the nudged phase stops "
+                          f"before its signal reaches the first layers; use a larger beta or gamma, or a smaller tol",
+                          PrecisionWarning, stacklevel=4)
+
     def layered_energy(self, chain: Chain) -> LayeredEnergy:
         return LayeredEnergy.lifted(chain, self.gamma)
 
 
-__all__ = ["LiftedEnergyRule", "ENGINES", "check_engine", "check_signal_precision", "info_extras",
-           "solver_from_options"]
+__all__ = ["LiftedEnergyRule", "ENGINES", "check_engine", "info_extras", "solver_from_options"]

@@ -41,7 +41,7 @@ from ..engine.layered import LayeredProblem
 from ..engine.phases import check_beta, check_nudging, nudged_phases
 from ..losses import check_loss, loss_and_gradient, one_hot, quadratic_loss
 from .base import StepInfo, register_rule
-from .energy_rule import LiftedEnergyRule, check_signal_precision, info_extras
+from .energy_rule import LiftedEnergyRule, info_extras
 
 
 def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor, beta: float, copies: int) -> LiftedProblem:
@@ -82,13 +82,12 @@ class EquilibriumPropagation(LiftedEnergyRule):
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self.chain(model)
+        self.check_precision(chain.depth, x.dtype, beta=self.beta)
         if fused:
             return self._dense(chain, x, labels)
         energy = self.layered_energy(chain)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
-        check_signal_precision(self.beta * wL, x.dtype, f"beta * gamma^(L-1) = {self.beta:.3g} * {self.gamma:.3g}^{L - 1}",
-                               getattr(self._solver, "tol", None))
         free = LayeredProblem(energy, x)
         output = free.forward_state()[1][L]
         h_free, info_free = self._solver.solve(free)
@@ -109,8 +108,6 @@ class EquilibriumPropagation(LiftedEnergyRule):
         energy, x, y = self.dense_inputs(chain, x, labels)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
-        check_signal_precision(self.beta * wL, x.dtype, f"beta * gamma^(L-1) = {self.beta:.3g} * {self.gamma:.3g}^{L - 1}",
-                               getattr(self._solver, "tol", None))
         free = energy.problem(x, check=False)       # x was validated by Rule.backward
         output = free.forward_state()[1][L]          # the plain forward pass, reported as the loss
         h_free, info_free = self._solver.solve(free)
