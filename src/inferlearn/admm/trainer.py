@@ -958,6 +958,8 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
         raise ValueError(f"Invalid epochs: {epochs}")
     main = getattr(trainer, "is_main", True)   # a block-parallel run: rank 0 writes, every rank computes
     folder = RunFolder(out, writer=main) if out is not None else None
+    if folder is not None and hasattr(trainer, "group"):
+        trainer.group.barrier()   # rank 0 has probed the folder (and removed temporaries) before the others read it
     if not main:
         log, progress, tensorboard = None, False, None
     if trainer.cfg.mode == "batch":

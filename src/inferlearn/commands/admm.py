@@ -148,7 +148,8 @@ def run(args) -> int:
     set_threads(args.threads)
     resume = args.resume is not None
     if resume:
-        folder = RunFolder(args.resume) if Path(args.resume).is_dir() else None
+        # read only: every process of a launched run gets here (rank 0 alone writes, in train_admm)
+        folder = RunFolder(args.resume, writer=False) if Path(args.resume).is_dir() else None
         if folder is None:
             raise ValueError(f"Run folder {args.resume} does not exist; check the path given to --resume")
         saved = folder.read_config()
@@ -164,7 +165,7 @@ def run(args) -> int:
             setattr(args, key, saved["run"].get(key, getattr(args, key, None)))
         args.epochs = args.epochs if args.epochs is not None else saved["epochs"]
         args.out = args.resume
-        if folder.load_checkpoint() is None:
+        if not folder.checkpoint_path.exists():
             print(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
             resume = False
     elif os.environ.get("RANK", "0") == "0":   # in a launched run, rank 0 alone checks (and writes)

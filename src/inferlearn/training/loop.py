@@ -226,7 +226,10 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
 
 
 def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log, overwrite: bool) -> list[dict]:
+    # rank 0 alone probes the folder and removes leftover temporaries, on a resume as on a start; the
+    # others wait for it before they read the folder (several probes at once made each other fail)
     folder = RunFolder(config.out, writer=group.is_main)
+    group.barrier()
     if resume:
         if (folder.path / "config.json").exists():
             _check_same_run(folder.path, config)
@@ -295,7 +298,7 @@ def load_config(folder: str | Path) -> TrainConfig:
     """Read ``config.json`` of a run folder (:class:`RunFolderError` naming the file when missing or damaged)."""
     if not Path(folder).is_dir():
         raise RunFolderError(f"Run folder {folder} does not exist; check the path given to --resume")
-    d = RunFolder(folder).read_config()
+    d = RunFolder(folder, writer=False).read_config()   # read only: every process of a run may call this
     if not isinstance(d, dict) or "rule" not in d:
         raise RunFolderError(f"{Path(folder) / 'config.json'} is not the config of an `inferlearn train` run "
                              "(an admm run folder? resume it with `inferlearn admm --resume`)")

@@ -18,6 +18,7 @@ the rules, residuals and penalties for block-ADMM).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -51,7 +52,7 @@ class RunFolder:
             return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            probe = self.path / ".write-test"
+            probe = self.path / f".write-test.{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
