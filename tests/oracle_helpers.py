@@ -28,3 +28,22 @@ def finish_worker(group, errors: dict, out: str) -> None:
     group.close()
     sys.stdout.flush()
     os._exit(0)   # skip the gloo group's destructor, which races with peers that have exited
+
+
+def assert_same_tree(a, b, path: str = "checkpoint", skip: frozenset = frozenset()) -> int:
+    """Assert that two nested checkpoints (dicts, lists, tensors, numbers) are equal, every tensor bit for
+    bit; keys in ``skip`` (e.g. timings) are ignored. Returns the number of tensors compared."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(a, b), f"{path} differs (max |diff| {float((a.double() - b.double()).abs().max()):.3g})"
+        return 1
+    if isinstance(a, dict):
+        assert isinstance(b, dict), path
+        ka, kb = set(a) - skip, set(b) - skip
+        assert ka == kb, f"{path}: keys {sorted(map(str, ka ^ kb))} in one only"
+        return sum(assert_same_tree(a[k], b[k], f"{path}[{k!r}]", skip) for k in ka)
+    if isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), path
+        return sum(assert_same_tree(x, y, f"{path}[{i}]", skip) for i, (x, y) in enumerate(zip(a, b)))
+    assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"
+    return 0

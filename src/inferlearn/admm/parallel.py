@@ -220,9 +220,13 @@ class BlockParallelADMM(BlockADMM):
 
         A collective: every rank must call it.
         """
+        opt = self.optimizer.state_dict()
+        # the optimiser state of this rank's own blocks only: after a resume every rank also holds the
+        # loaded (and since then stale) state of the other ranks' blocks, which must not win the merge
+        own = {i for t in self.mine for i in opt["param_groups"][t - 1]["params"]}
         mine = {"blocks": {t: self.blocks[t - 1].state_dict() for t in self.mine},
                 "Z": {t: self.Z[t - 1] for t in self._constraints()}, "U": {t: self.U[t - 1] for t in self._constraints()},
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer_state": {i: s for i, s in opt["state"].items() if i in own}}
         parts = [None] * self.group.world
         self._guard(lambda: dist.all_gather_object(parts, mine))
         if not self.is_main:
@@ -231,7 +235,13 @@ class BlockParallelADMM(BlockADMM):
         for part in parts:
             for t, s in part["blocks"].items():
                 state["blocks"][t - 1] = s
-            state["optimizer"]["state"].update(part["optimizer"]["state"])
+        # merged by ownership: parameter i's state comes from the rank that owns its block (group t - 1)
+        merged = {}
+        for t, rank in enumerate(self.owners, start=1):
+            for i in state["optimizer"]["param_groups"][t - 1]["params"]:
+                if i in parts[rank]["optimizer_state"]:
+                    merged[i] = parts[rank]["optimizer_state"][i]
+        state["optimizer"]["state"] = merged
         state["Z"] = [next(p["Z"][t] for p in parts if t in p["Z"]).clone() for t in range(1, self.T)]
         state["U"] = [next(p["U"][t] for p in parts if t in p["U"]).clone() for t in range(1, self.T)]
         return state
