@@ -957,9 +957,20 @@ def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.Pat
     if not (isinstance(epochs, int) and epochs >= 0):
         raise ValueError(f"Invalid epochs: {epochs}")
     main = getattr(trainer, "is_main", True)   # a block-parallel run: rank 0 writes, every rank computes
+    # rank 0 locks the folder for the run's lifetime, probes it and removes leftover temporaries
     folder = RunFolder(out, writer=main) if out is not None else None
-    if folder is not None and hasattr(trainer, "group"):
-        trainer.group.barrier()   # rank 0 has probed the folder (and removed temporaries) before the others read it
+    try:
+        if folder is not None and hasattr(trainer, "group"):
+            trainer.group.barrier()   # rank 0 has probed the folder before the others read it
+        return _train_admm(trainer, data, epochs, folder, main, resume, progress, run_config, eval_train_limit, log,
+                           tensorboard)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _train_admm(trainer: BlockADMM, data: RunData, epochs: int, folder: RunFolder | None, main: bool, resume: bool,
+                progress: bool, run_config: dict | None, eval_train_limit: int, log, tensorboard: str | None) -> list[dict]:
     if not main:
         log, progress, tensorboard = None, False, None
     if trainer.cfg.mode == "batch":

@@ -147,6 +147,8 @@ def run(args) -> int:
     check_nproc(args.nproc)
     set_threads(args.threads)
     resume = args.resume is not None
+    if resume and not args.resume.strip():
+        raise ValueError("Invalid --resume '': give the run folder to continue, e.g. --resume runs/admm")
     if resume:
         # read only: every process of a launched run gets here (rank 0 alone writes, in train_admm)
         folder = RunFolder(args.resume, writer=False) if Path(args.resume).is_dir() else None
@@ -168,8 +170,21 @@ def run(args) -> int:
         if not folder.checkpoint_path.exists():
             print(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
             resume = False
-    elif os.environ.get("RANK", "0") == "0":   # in a launched run, rank 0 alone checks (and writes)
-        RunFolder(args.out).refuse_overwrite(args.overwrite)
+    if not args.out:
+        raise ValueError("Invalid --out '': give a folder name, e.g. --out runs/admm")
+    # this process (one-process run, or the launcher of a --nproc run) locks the folder for the whole run;
+    # in a launched run rank 0 alone checks (and writes), under its launcher's lock
+    held = RunFolder(args.out) if os.environ.get("RANK", "0") == "0" else None
+    try:
+        return _run(args, resume, held)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _run(args, resume: bool, held: RunFolder | None) -> int:
+    if args.resume is None and held is not None:
+        held.refuse_overwrite(args.overwrite)
     parallel = args.nproc > 1 or world_from_env() > 1
     if args.z_schedule is None:
         args.z_schedule = "jacobi" if parallel else "gauss-seidel"

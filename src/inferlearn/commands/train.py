@@ -34,6 +34,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     check_nproc(args.nproc)
+    if args.resume is not None and not args.resume.strip():
+        raise ValueError("Invalid --resume '': give the run folder to continue, e.g. --resume runs/train")
     if args.resume:
         given = explicit_options(args) - RESUME_OPTIONS
         if given:
@@ -64,9 +66,11 @@ def run(args) -> int:
         config = config_from_args(args, rule=args.rule, rule_options=options)
         resume = False
     if args.nproc > 1:
-        if not resume and not args.overwrite:   # refused here, once, rather than by every process
-            RunFolder(config.out).refuse_overwrite(False)
-        return run_parallel(args, config.out)
+        # the launcher locks the folder for the whole run (its processes work under its lock)
+        with RunFolder(config.out) as folder:
+            if not resume and not args.overwrite:   # refused here, once, rather than by every process
+                folder.refuse_overwrite(False)
+            return run_parallel(args, config.out)
     config = config.replace(nproc=world_from_env())
     history = train(config, progress=not args.quiet, resume=resume, overwrite=args.overwrite)
     if os.environ.get("RANK", "0") != "0":   # the other ranks of a data-parallel run stay silent

@@ -228,8 +228,17 @@ def train(config: TrainConfig, progress: bool = True, resume: bool = False, log:
 def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log, overwrite: bool) -> list[dict]:
     # rank 0 alone probes the folder and removes leftover temporaries, on a resume as on a start; the
     # others wait for it before they read the folder (several probes at once made each other fail)
+    # (rank 0 also locks the folder for the run's lifetime: a second run into it is refused)
     folder = RunFolder(config.out, writer=group.is_main)
-    group.barrier()
+    try:
+        group.barrier()
+        return _train_in(folder, config, group, progress, resume, log, overwrite)
+    finally:
+        folder.close()
+
+
+def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bool, resume: bool, log,
+              overwrite: bool) -> list[dict]:
     if resume:
         if (folder.path / "config.json").exists():
             _check_same_run(folder.path, config)

@@ -7,6 +7,12 @@ Layout::
     checkpoint.pt    the trainer's state and the metric history up to it (written atomically)
     curves.png       learning curves
 
+Lock: a process that writes the folder holds an advisory ``fcntl.flock`` on ``.lock`` (which names its
+PID) for as long as it runs, so a second run or ``--resume`` into the same folder is refused in one line
+instead of interleaving ``metrics.jsonl`` or deleting the other's half-written checkpoint. The lock
+goes with the process (``kill -9`` included); the processes of a ``--nproc`` run work under their
+launcher's lock.
+
 Invariants: a checkpoint is written before the metrics line of its epoch (metrics never run ahead
 of the state they describe), and on resume ``metrics.jsonl`` is rebuilt from the checkpoint's own
 history, so epochs that finished after the last checkpoint are re-run and never listed twice.
@@ -17,8 +23,10 @@ the rules, residuals and penalties for block-ADMM).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -30,7 +38,75 @@ from ..plots import plot_curves
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
+LOCK = ".lock"
 COMMON_FIELDS = ("epoch", "train_loss", "epoch_seconds")
+
+#: the run folders this process holds locked: real path -> [file descriptor, RunFolder objects using it]
+_HELD: dict[str, list[int]] = {}
+
+
+def _holder_pid(fd: int) -> int | None:
+    """The PID written in a lock file whose lock another process holds (it writes it just after locking)."""
+    for _ in range(25):
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
+        if text.isdigit():
+            pid = int(text)
+            try:
+                os.kill(pid, 0)
+                return pid
+            except PermissionError:
+                return pid
+            except OSError:
+                pass   # a previous holder's PID, not yet overwritten
+        time.sleep(0.02)
+    return None
+
+
+def lock_folder(path: Path) -> str | None:
+    """Lock the run folder ``path`` for this process (re-entrant); the key for :func:`unlock_folder`.
+
+    ``None``: nothing to unlock (the folder is held by this process's launcher, or the file system has
+    no locks).
+
+    Raises:
+        RunFolderError: another process holds the folder (naming its PID).
+        OSError: the lock file cannot be created.
+    """
+    from ..distributed.launch import LAUNCHER_PID
+
+    key = os.path.realpath(path)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        return key
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _holder_pid(fd)
+        os.close(fd)
+        if pid is not None and str(pid) == os.environ.get(LAUNCHER_PID) and pid == os.getppid():
+            return None   # a process of a --nproc run: its launcher holds the folder for it
+        who = f"PID {pid}" if pid is not None else "its PID unknown"
+        raise RunFolderError(f"{path} is in use by another inferlearn run ({who}); wait for it to finish"
+                             + (f" or stop it (kill {pid})" if pid is not None else "")
+                             + ", or choose another folder") from None
+    except OSError:   # a file system without flock (some network mounts): go on unlocked
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _HELD[key] = [fd, 1]
+    return key
+
+
+def unlock_folder(key: str | None) -> None:
+    """Release one use of a lock taken by :func:`lock_folder` (the last one unlocks the folder)."""
+    if key is None or key not in _HELD:
+        return
+    _HELD[key][1] -= 1
+    if _HELD[key][1] <= 0:
+        os.close(_HELD.pop(key)[0])
 
 
 class RunFolder:
@@ -38,13 +114,20 @@ class RunFolder:
 
     Args:
         path: the folder (created if missing).
-        writer: this process writes the folder (checks that it can, removes leftover temporaries). The
-            other processes of a parallel run only read it (``False``), so they never touch a file that
-            the writer is writing.
+        writer: this process writes the folder: it locks it (until :meth:`close`, or the process ends),
+            checks that it can write it and removes leftover temporaries. The other processes of a
+            parallel run only read it (``False``), so they never touch a file that the writer is writing.
+
+    Raises:
+        RunFolderError: an empty path, a file, a folder that cannot be written, or one that another
+            process is using (naming its PID).
     """
 
     def __init__(self, path: str | Path, writer: bool = True):
+        if isinstance(path, str) and not path.strip():
+            raise RunFolderError(f"Invalid output folder {path!r}: give a folder name, e.g. --out runs/train")
         self.path = Path(path)
+        self._lock: str | None = None
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"Output folder {self.path} is a file; choose another --out")
         self.removed_temporaries: list[str] = []
@@ -52,12 +135,30 @@ class RunFolder:
             return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_folder(self.path)
             probe = self.path / f".write-test.{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
             raise RunFolderError(f"Cannot write to output folder {self.path} ({exc.strerror}); choose another --out") from None
         self.removed_temporaries = self._clean_temporaries()
+
+    def close(self) -> None:
+        """Release this object's hold on the folder's lock (idempotent)."""
+        key, self._lock = self._lock, None
+        unlock_folder(key)
+
+    def __enter__(self) -> "RunFolder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def _clean_temporaries(self) -> list[str]:
         """Delete the temporary files an interrupted atomic write left behind (``.NAME.*.tmp``)."""
