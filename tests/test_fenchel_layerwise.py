@@ -146,5 +146,11 @@ def test_models_whose_activation_order_is_unknown_are_refused():
         def forward(self, x):
             return self.l2(self.act(self.l1(x)))
 
-    with pytest.raises(ValueError, match="Invalid betas for NoChain: layer-wise β needs a model read as a chain"):
-        make_rule("fenchel-bp", {"betas": "0.1"}).backward(NoChain().double(), x, labels)
+    make_rule("fenchel-bp", {"betas": "0.1"}).backward(NoChain().double(), x, labels)   # read by tracing
+
+    class Untraceable(NoChain):
+        def forward(self, x):
+            return self.l2(self.act(self.l1(x))) if float(x.sum()) < 1e9 else x
+
+    with pytest.raises(ValueError, match="Invalid betas for Untraceable: layer-wise β needs a model read as a graph"):
+        make_rule("fenchel-bp", {"betas": "0.1"}).backward(Untraceable().double(), x, labels)

@@ -4,11 +4,12 @@ Lifted networks and contrastive learning, bilevel surrogates and Fenchel back-pr
 family of energy-based rules (CHL, equilibrium propagation, predictive coding), and stochastic
 block-ADMM -- each a rule that fills ``.grad`` of a PyTorch model (or, for block-ADMM, a trainer).
 """
-from .engine.chain import declare_affine, model_chain
+from .engine.chain import declare_affine, model_chain, model_graph
+from .engine.graph_reader import Node, declare_map
 from .errors import (ConvergenceError, ConvergenceWarning, DataError, DivergenceError, InferlearnError, InferlearnWarning,
                      PrecisionWarning)
 
 __version__ = "0.1.0"
 
-__all__ = ["declare_affine", "model_chain", "ConvergenceError", "ConvergenceWarning", "DataError", "DivergenceError", "InferlearnError",
+__all__ = ["declare_affine", "declare_map", "model_chain", "model_graph", "Node", "ConvergenceError", "ConvergenceWarning", "DataError", "DivergenceError", "InferlearnError",
            "InferlearnWarning", "PrecisionWarning", "__version__"]

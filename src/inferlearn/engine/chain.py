@@ -106,19 +106,18 @@ def _leaf_ids(module: nn.Module) -> list:
 
 
 @dataclass(frozen=True, eq=False)
-class Link:
-    """One layer of a chain: a layer map ``A_k`` (one or more modules) and the unit after it.
+class Edge:
+    """One incoming map of a node: ``A(z_source)``, the modules ``maps`` applied in order to the value of
+    node ``source`` (0 is the model's input). No modules: the identity (a skip connection).
 
     Attributes:
-        maps: the modules composing ``A_k``, applied in order.
-        activation: the activation module after ``A_k`` (``None``: identity, e.g. a linear output).
-        units: the box unit set of ``activation`` (``None`` when it is not a box projection).
-        names: dotted paths of ``maps`` in the model (for messages).
+        source: the index of the node the edge reads (0 = the input ``x``).
+        maps: the modules composing the map, applied in order.
+        names: their dotted paths in the model (for messages).
     """
 
+    source: int
     maps: tuple[nn.Module, ...]
-    activation: nn.Module | None
-    units: UnitSet | None
     names: tuple[str, ...]
 
     @functools.cached_property
@@ -135,7 +134,7 @@ class Link:
         return len(self.maps) == 1 and type(self.maps[0]) is nn.Linear
 
     def map(self, z: torch.Tensor) -> torch.Tensor:
-        """``a_k = A_k(z_{k-1})`` (one ``addmm`` for a lone ``nn.Linear`` on a matrix: no module dispatch)."""
+        """``A(z)`` (one ``addmm`` for a lone ``nn.Linear`` on a matrix: no module dispatch)."""
         if self._lone_linear and z.dim() == 2:
             params = self.maps[0]._parameters   # the module's own dict: skips nn.Module.__getattr__
             w, b = params["weight"], params["bias"]
@@ -144,20 +143,93 @@ class Link:
             z = m(z)
         return z
 
-    def act(self, a: torch.Tensor) -> torch.Tensor:
-        """``f_k(a_k)`` (the identity without an activation)."""
-        return a if self.activation is None else self.activation(a)
-
     def parameters(self):
         for m in self.maps:
             yield from m.parameters()
 
 
-class Chain:
-    """A model read as a chain of :class:`Link` objects (build with :func:`model_chain`).
+@dataclass(frozen=True, eq=False)
+class Link:
+    """One node of a model's graph: the pre-activation ``a_k = Σ_e A_e(z_{source(e)})`` (the sum of its
+    incoming edges) and the unit after it, ``z_k = f_k(a_k)``.
+
+    A chain's node has one edge, from the node before it; a residual block's output node has two
+    (the branch and the skip).
 
     Attributes:
-        links: ``L`` links; hidden variables sit after links ``1 … L−1``, the output after link ``L``.
+        edges: the incoming :class:`Edge` objects (at least one).
+        activation: the activation module after ``a_k`` (``None``: identity, e.g. a linear output).
+        units: the box unit set of ``activation`` (``None`` when it is not a box projection).
+    """
+
+    edges: tuple[Edge, ...]
+    activation: nn.Module | None
+    units: UnitSet | None
+
+    @classmethod
+    def of_chain(cls, source: int, maps: Sequence[nn.Module], activation: nn.Module | None, units: UnitSet | None,
+                 names: Sequence[str]) -> "Link":
+        """The link of a chain: one edge from ``source`` (the node before)."""
+        return cls((Edge(source, tuple(maps), tuple(names)),), activation, units)
+
+    @property
+    def maps(self) -> tuple[nn.Module, ...]:
+        """Every module of the node's incoming maps (one edge: ``A_k``'s modules in order)."""
+        return tuple(m for e in self.edges for m in e.maps)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for e in self.edges for n in e.names)
+
+    @property
+    def sources(self) -> tuple[int, ...]:
+        return tuple(e.source for e in self.edges)
+
+    @functools.cached_property
+    def linear(self) -> nn.Linear | None:
+        """The ``nn.Linear`` of a one-edge node whose map is one (possibly after a ``Flatten``), else ``None``."""
+        return self.edges[0].linear if len(self.edges) == 1 else None
+
+    @functools.cached_property
+    def _lone_linear(self) -> bool:
+        return len(self.edges) == 1 and self.edges[0]._lone_linear
+
+    def map(self, z: torch.Tensor) -> torch.Tensor:
+        """``a_k = A_k(z)`` of a one-edge node (a chain's link)."""
+        if len(self.edges) != 1:
+            raise TypeError("Link.map needs a node with one incoming edge; use Link.pre for graph nodes")
+        return self.edges[0].map(z)
+
+    def pre(self, zs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``a_k = Σ_e A_e(z_{source(e)})`` given the values ``zs = [x, z_1, …]`` of the nodes before it."""
+        edges = self.edges
+        a = edges[0].map(zs[edges[0].source])
+        for e in edges[1:]:
+            a = a + e.map(zs[e.source])
+        return a
+
+    def act(self, a: torch.Tensor) -> torch.Tensor:
+        """``f_k(a_k)`` (the identity without an activation)."""
+        return a if self.activation is None else self.activation(a)
+
+    def parameters(self):
+        seen = set()
+        for e in self.edges:
+            for p in e.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
+
+
+class Chain:
+    """A model read as a directed acyclic graph of :class:`Link` nodes (build with :func:`model_chain`).
+
+    Nodes ``1 … L`` are in topological order (every edge reads an earlier node or the input, node 0);
+    node ``L`` is the output and every other node feeds at least one later node. A chain is the case
+    where node ``k``'s only edge reads node ``k − 1``.
+
+    Attributes:
+        links: ``L`` nodes; hidden variables sit at nodes ``1 … L−1``, the output at node ``L``.
         model: the model it was read from.
     """
 
@@ -166,13 +238,39 @@ class Chain:
 
     @property
     def depth(self) -> int:
+        """The number of nodes ``L`` (a chain's number of layers)."""
         return len(self.links)
 
     @functools.cached_property
+    def is_chain(self) -> bool:
+        """True when every node has one edge, from the node before it."""
+        return all(l.sources == (k - 1,) for k, l in enumerate(self.links, start=1))
+
+    @functools.cached_property
+    def children(self) -> tuple[tuple[tuple[int, Edge], ...], ...]:
+        """``children[k]``: the ``(child node, edge)`` pairs reading node ``k`` (index 0: the input)."""
+        out: list[list] = [[] for _ in range(self.depth + 1)]
+        for c, link in enumerate(self.links, start=1):
+            for e in link.edges:
+                out[e.source].append((c, e))
+        return tuple(tuple(o) for o in out)
+
+    @functools.cached_property
+    def levels(self) -> tuple[int, ...]:
+        """``levels[k]``: the longest path from the input to node ``k`` (``k`` on a chain; ``levels[0] = 0``).
+
+        The lifted energies weight node ``k``'s term by ``γ^{levels[k] − 1}``, so that every edge carries a
+        feedback ratio of at most ``γ``."""
+        lv = [0]
+        for link in self.links:
+            lv.append(1 + max(lv[s] for s in link.sources))
+        return tuple(lv)
+
+    @functools.cached_property
     def is_dense(self) -> bool:
-        """True when every map is one ``nn.Linear`` (a ``Flatten`` may precede the first), every hidden
-        unit a box and the output linear: the case the fused MLP paths specialise."""
-        if any(l.linear is None for l in self.links) or not self.linear_output:
+        """True when the model is a chain whose every map is one ``nn.Linear`` (a ``Flatten`` may precede the
+        first), every hidden unit a box and the output linear: the case the fused MLP paths specialise."""
+        if not self.is_chain or any(l.linear is None for l in self.links) or not self.linear_output:
             return False
         if any(isinstance(m, nn.Flatten) for l in self.links[1:] for m in l.maps):
             return False
@@ -188,7 +286,7 @@ class Chain:
         """``([x, z_1, …, z_L], [x, a_1, …, a_L])``: activations and pre-activations of the forward pass."""
         zs, pre = [x], [x]
         for link in self.links:
-            a = link.map(zs[-1])
+            a = link.pre(zs)
             pre.append(a)
             zs.append(link.act(a))
         return zs, pre
@@ -205,16 +303,17 @@ class Chain:
                     why = ("batch normalisation in training mode is not affine (call model.eval() or "
                            "remove it)") if isinstance(m, NORM_TYPES) else "it is not an affine map"
                     raise ValueError(f"Rule {rule!r} cannot use module {name!r} ({type(m).__name__}): {why}. "
-                                     "The lifted energies need affine layer maps (Linear, Conv, AvgPool, Flatten) "
-                                     "with box units; declare your own affine module with inferlearn.declare_affine, "
-                                     "or use backprop, fenchel-bp or pc")
+                                     "The lifted energies need affine layer maps (Linear, Conv, AvgPool, Flatten, "
+                                     "sums, scalings, concatenation, slicing) with box units; declare your own affine "
+                                     "module with inferlearn.declare_affine, or use backprop, fenchel-bp or pc")
                 if isinstance(m, NORM_TYPES) and m.training:
                     raise ValueError(f"Rule {rule!r} cannot use module {name!r} ({type(m).__name__}) in training "
-                                     "mode: inference evaluates it many times, which would update its running "
-                                     "statistics; call model.eval() on it")
+                                     "mode: inference evaluates it many times and mixes the samples of a batch; "
+                                     "call model.eval() on it (or fold it into the layer before)")
             if need == AFFINE and k < self.depth and link.units is None:
+                where = link.names[-1] if link.names else f"node {k}"
                 raise ValueError(f"Rule {rule!r} cannot use activation {type(link.activation).__name__} after "
-                                 f"{link.names[-1]!r}: the lifted energies need box units (ReLU, ReLU6, Hardtanh, "
+                                 f"{where!r}: the lifted energies need box units (ReLU, ReLU6, Hardtanh, "
                                  "Identity, inferlearn.units.Clamp); use pc, backprop or fenchel-bp for other activations")
         if need == AFFINE and not self.linear_output:
             raise ValueError(f"Rule {rule!r} needs a linear output layer, but the model ends with "
@@ -235,44 +334,100 @@ def _parse(model: nn.Module) -> Chain:
                 where = "starts the model" if not links else f"follows another activation ({links[-1].names[-1]!r})"
                 raise ValueError(f"Activation {name!r} ({type(m).__name__}) {where}; a chain alternates layer maps "
                                  "and units (x → map → unit → map → … → map)")
-            links.append(Link(tuple(maps), m, units, tuple(names)))
+            links.append(Link.of_chain(len(links), maps, m, units, names))
             maps, names = [], []
         elif is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES):
             maps.append(m)
             names.append(name)
         else:
+            if any(True for _ in m.children()) or m is model:
+                raise _NotAChain(name)   # a composite module (a residual block, ...): read the model as a graph
             raise ValueError(f"Module {name!r} ({type(m).__name__}) is neither a layer map nor a unit the engine "
                              "knows. Supported: Linear, Conv, AvgPool, MaxPool, Flatten, normalisation layers and "
                              "element-wise activations; expose your model's chain with an inferlearn_chain() method, "
                              "or declare an affine module with inferlearn.declare_affine")
     if maps:
-        links.append(Link(tuple(maps), None, None, tuple(names)))
+        links.append(Link.of_chain(len(links), maps, None, None, names))
     return Chain(model, links, [m for _, m in leaves])
+
+
+class _NotAChain(Exception):
+    """The chain reader met a module it cannot read as a map or unit: read the model by tracing instead."""
+
+
+def _is_chain_leaf(m: nn.Module) -> bool:
+    return units_of_module(m) is not None or isinstance(m, ACTIVATION_TYPES) or is_affine(m) or isinstance(
+        m, SMOOTH_TYPES + NORM_TYPES)
+
+
+def _read(model: nn.Module, example: torch.Tensor | None) -> Chain:
+    """A :class:`Chain` by the graph protocol, the chain reader (``nn.Sequential``, ``inferlearn_chain()``, one
+    layer) or, for any other module, ``torch.fx`` tracing (:mod:`inferlearn.engine.graph_reader`)."""
+    from . import graph_reader
+
+    if callable(getattr(model, "inferlearn_graph", None)):
+        chain = graph_reader.as_chain(model, graph_reader.protocol_graph(model))
+        chain._key = ("graph", tuple(id(m) for m in chain._modules), None)
+        return chain
+    if callable(getattr(model, "inferlearn_chain", None)) or isinstance(model, nn.Sequential) or _is_chain_leaf(model):
+        try:
+            chain = _parse(model)
+            chain._key = ("chain", None, None)
+            return chain
+        except _NotAChain:
+            pass
+    links, shaped = graph_reader.trace_graph(model, example)
+    chain = graph_reader.as_chain(model, links)
+    chain._key = ("traced", tuple(id(m) for m in model.modules()),
+                  tuple(example.shape[1:]) if shaped and example is not None else None)
+    return chain
+
+
+def _current(chain: Chain, model: nn.Module, example: torch.Tensor | None) -> bool:
+    """Whether a cached reading still describes ``model`` (same modules; same input shape where it matters)."""
+    kind, ids, shape = chain._key
+    if kind == "chain":
+        return [id(m) for m in chain._modules] == _leaf_ids(model)
+    if kind == "graph":
+        return callable(getattr(model, "inferlearn_graph", None)) and ids == tuple(
+            id(m) for m in chain._modules)
+    if ids != tuple(id(m) for m in model.modules()):
+        return False
+    return shape is None or example is None or shape == tuple(example.shape[1:])
 
 
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, Chain]" = weakref.WeakKeyDictionary()
 
 
-def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rule") -> Chain:
-    """The chain of ``model`` (parsed once and cached per model), checked for what ``rule`` needs.
+def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rule",
+                example: torch.Tensor | None = None) -> Chain:
+    """The graph of ``model`` (read once and cached per model), checked for what ``rule`` needs.
+
+    An ``nn.Sequential`` or a module with ``inferlearn_chain()`` is read as a chain, a module with
+    ``inferlearn_graph()`` by that protocol, any other module by ``torch.fx`` tracing
+    (:func:`~inferlearn.engine.graph_reader.trace_graph`).
 
     Args:
         need: :data:`AFFINE`, :data:`DIFFERENTIABLE` or ``None`` (no check).
         rule: the rule's name, for messages.
+        example: an input batch (a traced model that concatenates needs its shape).
 
     Raises:
-        ValueError: the model is not a chain, or a module is one ``rule`` cannot handle (the
+        ValueError: the model cannot be read, or a module is one ``rule`` cannot handle (the
             message names the module and the reason).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"Expected an nn.Module, got {type(model).__name__}")
     chain = _CACHE.get(model)
-    if chain is None or [id(m) for m in chain._modules] != _leaf_ids(model):
-        chain = _parse(model)
+    if chain is None or not _current(chain, model, example):
+        chain = _read(model, example)
         _CACHE[model] = chain
     if need is not None:
         chain.check_structure(need, rule)
     return chain
+
+
+model_graph = model_chain
 
 
 def dense_chain(model: nn.Module) -> Chain | None:

@@ -61,8 +61,10 @@ class LayeredEnergy:
 
     @classmethod
     def lifted(cls, chain: Chain, gamma: float, kind: str = "lifted") -> "LayeredEnergy":
-        """Term weights ``w_k = γ^{k-1}`` (the lifted paper's feedback weight ``γ``)."""
-        return cls(chain, kind, [gamma ** (k - 1) for k in range(1, chain.depth + 1)])
+        """Term weights ``w_k = γ^{ℓ_k − 1}`` (the lifted paper's feedback weight ``γ``), ``ℓ_k`` the longest path
+        from the input to node ``k`` (:attr:`Chain.levels`; ``ℓ_k = k`` on a chain), so that every edge
+        ``j → k`` has a feedback ratio ``w_k / w_j ≤ γ``."""
+        return cls(chain, kind, [gamma ** (chain.levels[k] - 1) for k in range(1, chain.depth + 1)])
 
     @property
     def depth(self) -> int:
@@ -71,9 +73,17 @@ class LayeredEnergy:
     def link(self, k: int) -> Link:
         return self.chain.links[k - 1]
 
-    def feedback(self, k: int) -> float:
-        """``ρ_k = w_{k+1} / w_k``."""
-        return self.term_weights[k + 1] / self.term_weights[k]
+    def feedback(self, k: int, child: int | None = None) -> float:
+        """``ρ = w_c / w_k`` for the edge from node ``k`` to node ``c = child`` (default ``k + 1``: a chain's ``ρ_k``)."""
+        return self.term_weights[k + 1 if child is None else child] / self.term_weights[k]
+
+    def pre(self, k: int, zs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``a_k = Σ_{e into k} A_e(z_{source(e)})`` from the values ``zs = [x, z_1, …]`` (at least up to ``k − 1``)."""
+        return self.chain.links[k - 1].pre(zs)
+
+    def out_edges(self, k: int):
+        """The ``(child, edge)`` pairs reading node ``k``."""
+        return self.chain.children[k]
 
     def term(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Per-row ``T_k(z_k, a_k)`` (unweighted)."""
@@ -110,23 +120,28 @@ class LayeredEnergy:
 
 
 class _Adjoint:
-    """``v ↦ A_kᵀ v`` for the linear part of an affine layer map, at a fixed batch shape.
+    """``v ↦ Aᵀ v`` for the linear part of an affine edge map (a :class:`~inferlearn.engine.chain.Edge`, or a
+    chain's one-edge link), at a fixed batch shape.
 
-    ``nn.Linear`` uses ``v W``; any other map autograd's vector–Jacobian product on a graph built
-    once (at zero input) and reused (``retain_graph``), which for an affine map is the adjoint.
+    ``nn.Linear`` uses ``v W``, the identity (a skip connection) ``v``; any other map autograd's
+    vector–Jacobian product on a graph built once (at zero input) and reused (``retain_graph``), which
+    for an affine map is the adjoint.
     """
 
-    def __init__(self, link: Link, z_shape: torch.Size, dtype: torch.dtype, device: torch.device):
-        self.linear = link.linear if not any(isinstance(m, torch.nn.Flatten) for m in link.maps) else None
-        self.link, self.z_shape = link, z_shape
-        if self.linear is None:
+    def __init__(self, edge, z_shape: torch.Size, dtype: torch.dtype, device: torch.device):
+        self.linear = edge.linear if not any(isinstance(m, torch.nn.Flatten) for m in edge.maps) else None
+        self.identity = not edge.maps
+        self.edge, self.z_shape = edge, z_shape
+        if self.linear is None and not self.identity:
             with torch.enable_grad():
                 self._p = torch.zeros(z_shape, dtype=dtype, device=device, requires_grad=True)
-                self._out = link.map(self._p)
+                self._out = edge.map(self._p)
 
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         if self.linear is not None:
             return v.mm(self.linear.weight.detach())
+        if self.identity:
+            return v
         return torch.autograd.grad(self._out, self._p, v, retain_graph=True)[0]
 
     def add_to(self, base: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -167,11 +182,12 @@ def gram_norm_bound(W: torch.Tensor, squarings: int = 4) -> float:
     return 0.0 if t == 0.0 else math.inf
 
 
-def operator_norm_sq(link: Link, z_shape: Sequence[int], dtype: torch.dtype, device: torch.device,
+def operator_norm_sq(link, z_shape: Sequence[int], dtype: torch.dtype, device: torch.device,
                      iters: int = 30) -> float:
-    """``λ_max(AᵀA) = ‖A‖₂²`` of the linear part of an affine map on inputs of shape ``z_shape`` (one row).
+    """``λ_max(AᵀA) = ‖A‖₂²`` of the linear part of an affine map (an edge, or a chain's one-edge link) on
+    inputs of shape ``z_shape`` (one row).
 
-    ``nn.Linear``: :func:`gram_norm_bound` (an upper bound within a few per cent). Other maps: ``iters``
+    ``nn.Linear``: :func:`gram_norm_bound` (an upper bound within a few per cent); the identity: 1. Other maps: ``iters``
     power iterations ``v ← Aᵀ(A v − A 0)`` through the map's forward and autograd's adjoint, from a fixed
     start (deterministic; a lower bound that approaches ``λ_max``; callers add a safety factor).
     """
@@ -179,6 +195,8 @@ def operator_norm_sq(link: Link, z_shape: Sequence[int], dtype: torch.dtype, dev
         lin = link.linear
         if lin is not None:
             return gram_norm_bound(lin.weight)
+        if not link.maps:
+            return 1.0
         shape = (1, *z_shape)
         adj = _Adjoint(link, torch.Size(shape), dtype, device)
         a0 = adj._out.detach()
@@ -235,7 +253,7 @@ class LayeredProblem(BatchProblem):
         if self.n_clamped and target is None:
             raise ValueError("Clamped rows need a target")
         with torch.no_grad():
-            self.a1 = energy.link(1).map(x) if a1 is None else a1
+            self.a1 = energy.pre(1, [x]) if a1 is None else a1
         self._free_res = None
         if nudge is not None and beta != 0:
             r = (-beta / energy.term_weights[energy.depth]) * nudge
@@ -262,28 +280,26 @@ class LayeredProblem(BatchProblem):
     def forward_state(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         """``(hidden, pre)`` of the forward pass: ``z_k = f_k(a_k)``, ``pre[k] = a_k`` (``pre[0]`` is ``None``)."""
         if self._fwd is None:
-            hidden, pre, z = [], [None, self.a1], None
+            e, zs, pre = self.energy, [self.x], [None, self.a1]
             for k in range(1, self.depth):
                 if k > 1:
-                    pre.append(self.energy.link(k).map(z))
-                z = self.energy.link(k).act(pre[k])
-                hidden.append(z)
-            pre.append(self.energy.link(self.depth).map(z if self.depth > 1 else self.x))
-            self._fwd = (hidden, pre)
+                    pre.append(e.pre(k, zs))
+                zs.append(e.link(k).act(pre[k]))
+            pre.append(e.pre(self.depth, zs))
+            self._fwd = (zs[1:], pre)
         return self._fwd
 
     def pre_of(self, hidden: Sequence[torch.Tensor], fresh_a1: bool = False) -> list[torch.Tensor | None]:
         """``[None, a_1, …, a_L]`` at ``hidden`` (``fresh_a1``: recompute ``a_1 = A_1(x)``, e.g. to
         differentiate with respect to the first layer's parameters, instead of the cached one)."""
         zs = [self.x, *hidden]
-        a1 = self.energy.link(1).map(self.x) if fresh_a1 else self.a1
-        return [None, a1] + [self.energy.link(k).map(zs[k - 1]) for k in range(2, self.depth + 1)]
+        a1 = self.energy.pre(1, zs) if fresh_a1 else self.a1
+        return [None, a1] + [self.energy.pre(k, zs) for k in range(2, self.depth + 1)]
 
     def full(self, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
         """``[x, z_1, …, z_{L-1}, z_L]`` with the output clamped or eliminated."""
         if pre is None:
-            top = hidden[-1] if hidden else self.x
-            a_top = self.energy.link(self.depth).map(top)
+            a_top = self.energy.pre(self.depth, [self.x, *hidden])
         else:
             a_top = pre[self.depth]
         return [self.x, *hidden, self.output(a_top)]
@@ -303,29 +319,34 @@ class LayeredProblem(BatchProblem):
             v = v + self.beta * (g * zs[-1]).flatten(1).sum(1)
         return v
 
-    def adjoints(self, hidden: Sequence[torch.Tensor]) -> list[_Adjoint | None]:
-        """``[None, None, A_2ᵀ, …, A_Lᵀ]`` for the batch's hidden shapes (index ``k`` is ``A_kᵀ``)."""
-        return [None, None] + [_Adjoint(self.energy.link(k), hidden[k - 2].shape, hidden[k - 2].dtype,
-                                        hidden[k - 2].device) for k in range(2, self.depth + 1)]
+    def adjoints(self, hidden: Sequence[torch.Tensor]) -> list[tuple[tuple[int, _Adjoint], ...] | None]:
+        """``outs[k]``: the ``(child c, A_eᵀ)`` pairs of the edges ``e`` reading hidden node ``k`` (``k = 1 … L−1``;
+        on a chain the one pair ``(k + 1, A_{k+1}ᵀ)``), for the batch's hidden shapes."""
+        return [None] + [tuple((c, _Adjoint(edge, z.shape, z.dtype, z.device)) for c, edge in self.energy.out_edges(k))
+                         for k, z in enumerate(hidden, start=1)]
+
+    def down(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor], c: int) -> torch.Tensor:
+        """The residual ``r_c`` that child ``c`` sends down its edges (the output's ``z_L − a_L`` for ``c = L``)."""
+        if c == self.depth:
+            return self.top_residual(pre[c])
+        return self.energy.error(c, hidden[c - 1], pre[c])
 
     def top_residual(self, a_top: torch.Tensor) -> torch.Tensor:
         """``r_L = z_L − a_L``."""
         return self.output(a_top) - a_top
 
     def block_step(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor],
-                   adjoint: _Adjoint, t: float, units=None) -> torch.Tensor:
-        """One projected-gradient step on hidden layer ``k`` (lifted and Fenchel terms), step ``t`` in units of
-        ``∂E/∂z_k / w_k`` (a new tensor; ``units`` = the layer's box, looked up when not given)::
+                   outs: Sequence[tuple[int, _Adjoint]], t: float, units=None) -> torch.Tensor:
+        """One projected-gradient step on hidden node ``k`` (lifted and Fenchel terms), step ``t`` in units of
+        ``∂E/∂z_k / w_k`` (a new tensor; ``outs``: the pairs :meth:`adjoints` gives for ``k``; ``units`` = the node's box, looked up
+        when not given)::
 
-            z_k ← Π_k( z_k − t [(z_k − a_k) − ρ_k A_{k+1}ᵀ r_{k+1}] ) = Π_k( lerp(z_k, a_k, t) + t ρ_k A_{k+1}ᵀ r_{k+1} )
+            z_k ← Π_k( lerp(z_k, a_k, t) + t Σ_{e: k → c} ρ_{kc} A_eᵀ r_c )      (a chain: one child, c = k + 1)
         """
         e = self.energy
-        z = hidden[k - 1]
-        if k + 1 == self.depth:
-            r = self.top_residual(pre[k + 1])
-        else:
-            r = e.error(k + 1, hidden[k], pre[k + 1])
-        new = adjoint.add_to(z.lerp(pre[k], t), r, t * e.feedback(k))
+        new = hidden[k - 1].lerp(pre[k], t)
+        for c, adjoint in outs:
+            new = adjoint.add_to(new, self.down(k, hidden, pre, c), t * e.feedback(k, c))
         units = e.link(k).units if units is None else units
         lo, hi = units.clamp_bounds(new)
         return new if lo is None and hi is None else new.clamp_(min=lo, max=hi)   # a fresh tensor: in place
@@ -354,8 +375,10 @@ class LayeredProblem(BatchProblem):
         e = self.energy
         if not self._closed_form():
             return [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, self.gradients(hidden)), start=1)]
-        for k, z, own, down, adj in list(self._closed_form_parts(hidden)):
-            adj.add_to_(z.add_(own, alpha=-eta * e.term_weights[k]), down, eta * e.term_weights[k + 1])
+        for k, z, own, downs in list(self._closed_form_parts(hidden)):
+            z.add_(own, alpha=-eta * e.term_weights[k])
+            for c, down, adj in downs:
+                adj.add_to_(z, down, eta * e.term_weights[c])
             if e.kind != "penalty":
                 lo, hi = e.link(k).units.clamp_bounds(z)
                 if lo is not None or hi is not None:
@@ -370,9 +393,9 @@ class LayeredProblem(BatchProblem):
         return self._affine
 
     def _closed_form_parts(self, hidden: Sequence[torch.Tensor]):
-        """``(k, z_k, own_k, r_{k+1}, A_{k+1}ᵀ)`` per hidden layer: ``∂E/∂z_k = w_k own_k − w_{k+1} A_{k+1}ᵀ r_{k+1}``.
+        """``(k, z_k, own_k, [(c, r_c, A_eᵀ), …])`` per hidden node: ``∂E/∂z_k = w_k own_k − Σ_{e: k→c} w_c A_eᵀ r_c``.
 
-        Each layer's pre-activation, projection and derivative mask are computed once per call.
+        Each node's pre-activation, projection and derivative mask are computed once per call.
         """
         e, L = self.energy, self.depth
         if getattr(self, "_adj", None) is None:
@@ -380,8 +403,9 @@ class LayeredProblem(BatchProblem):
         pre = self.pre_of(hidden)
         zs = [self.x, *hidden, self.output(pre[L])]
         if e.kind != "penalty":
+            errs = [None] + [e.error(c, zs[c], pre[c]) for c in range(1, L + 1)]
             for k in range(1, L):
-                yield k, zs[k], zs[k] - pre[k], e.error(k + 1, zs[k + 1], pre[k + 1]), self._adj[k + 1]
+                yield k, zs[k], zs[k] - pre[k], [(c, errs[c], adj) for c, adj in self._adj[k]]
             return
         # penalty: ε_k = z_k − f(a_k) is both layer k's own term and, masked by f'(a_k), the error sent down
         eps, down = [None] * (L + 1), [None] * (L + 1)
@@ -390,16 +414,21 @@ class LayeredProblem(BatchProblem):
             f = units.project(pre[k])
             eps[k] = zs[k] - f
             # f'(a) of a box unit is 1 exactly where the clamp leaves a unchanged (autograd's convention)
-            if k > 1:   # layer 1's error is never sent down (the input is fixed)
+            if any(j > 0 for j in e.link(k).sources):   # an error only reads the input is never sent down
                 down[k] = eps[k] if units.is_linear else eps[k] * (f == pre[k])
         eps[L] = down[L] = zs[L] - pre[L]
         for k in range(1, L):
-            yield k, zs[k], eps[k], down[k + 1], self._adj[k + 1]
+            yield k, zs[k], eps[k], [(c, down[c], adj) for c, adj in self._adj[k]]
 
     def _closed_form_gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        e = self.energy
-        return [e.term_weights[k] * own - e.term_weights[k + 1] * adj(down)
-                for k, _, own, down, adj in self._closed_form_parts(hidden)]
+        w = self.energy.term_weights
+        out = []
+        for k, _, own, downs in self._closed_form_parts(hidden):
+            g = w[k] * own
+            for c, down, adj in downs:
+                g = g - w[c] * adj(down)
+            out.append(g)
+        return out
 
     def residuals(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per-row optimality residual ``max_k ‖z_k − Π_k(z_k − ∂E/∂z_k / w_k)‖_∞`` (0 at the minimiser)."""
@@ -455,7 +484,7 @@ class LayeredProblem(BatchProblem):
                     continue
                 s = e.term_weights[k] * (1.0 if layer_scale is None else layer_scale[k - 1])
                 lin = link.linear
-                if closed and lin is not None and len(link.maps) == 1 and zs[k - 1].dim() == 2:
+                if closed and lin is not None and len(link.maps) == 1 and zs[k - 1].dim() == 2 and link.sources == (k - 1,):
                     with torch.no_grad():   # ∇_W (s T_k) = −s r_k z_{k-1}ᵀ for a Linear map: no graph
                         a = link.map(zs[k - 1])
                         r = e.error(k, zs[k], a) * (-s)
@@ -465,7 +494,7 @@ class LayeredProblem(BatchProblem):
                             _accumulate(lin.bias, r.sum(0))
                     continue
                 if zs[k].dtype == torch.float64:
-                    a = link.map(zs[k - 1])
+                    a = link.pre(zs)
                     t = e.term(k, zs[k], a)
                     total = total + s * ((t * coef).sum() if torch.is_tensor(coef) else coef * t.sum())
                     continue
@@ -474,7 +503,7 @@ class LayeredProblem(BatchProblem):
                 # of a conv layer; in float32 that difference drowns in rounding (measured: conv-layer
                 # cosine with back-propagation ≈ 0 in float32, 0.998 in float64: benchmarks/results/
                 # conv_rules_at_0ba1548 and conv_alignment.md).
-                a, leaves = _map_float64(link, zs[k - 1].double())
+                a, leaves = _pre_float64(link, zs)
                 t = e.term(k, zs[k].double(), a)
                 c = coef.double() if torch.is_tensor(coef) else coef
                 part = s * ((t * c).sum() if torch.is_tensor(c) else c * t.sum())
@@ -494,18 +523,21 @@ def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
         p.grad.add_(g)
 
 
-def _map_float64(link: Link, z: torch.Tensor) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """``A_k(z)`` in float64 through float64 copies of the maps' parameters (and buffers).
+def _pre_float64(link: Link, zs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``a_k = Σ_e A_e(z_{source(e)})`` in float64 through float64 copies of the maps' parameters (and buffers).
 
     Returns the output and the ``(parameter, float64 leaf)`` pairs of the trainable parameters.
     """
-    leaves = []
-    for m in link.maps:
-        state = {n: b.double() if b.is_floating_point() else b for n, b in m.named_buffers()}
-        for n, p in m.named_parameters():
-            q = p.detach().double().requires_grad_(p.requires_grad)
-            state[n] = q
-            if p.requires_grad:
-                leaves.append((p, q))
-        z = torch.func.functional_call(m, state, (z,))
-    return z, leaves
+    leaves, a = [], None
+    for edge in link.edges:
+        z = zs[edge.source].double()
+        for m in edge.maps:
+            state = {n: b.double() if b.is_floating_point() else b for n, b in m.named_buffers()}
+            for n, p in m.named_parameters():
+                q = p.detach().double().requires_grad_(p.requires_grad)
+                state[n] = q
+                if p.requires_grad:
+                    leaves.append((p, q))
+            z = torch.func.functional_call(m, state, (z,))
+        a = z if a is None else a + z
+    return a, leaves

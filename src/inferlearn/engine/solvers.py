@@ -215,7 +215,9 @@ def gram_lambda_max(W: torch.Tensor) -> float:
 
 
 def _norm_sq(problem, k: int, hidden) -> float:
-    """``λ_max(A_{k+1}ᵀA_{k+1})`` for the step sizes, remembered on the energy for the weights' current version.
+    """``λ_max(A_{k+1}ᵀA_{k+1})`` for the step sizes (on a graph the bound ``Σ_c ρ_{kc} (Σ_{e: k→c} ‖A_e‖₂)²`` of the
+    block's scaled curvature over its children ``c``, divided by ``ρ_k``), remembered on the energy for the weights'
+    current version.
 
     EqProp solves its free and nudged phases on one energy: the second solve reuses the first one's bounds
     (for a conv net, 30 power iterations per layer). Keyed on the parameters' version counters, which every
@@ -225,10 +227,28 @@ def _norm_sq(problem, k: int, hidden) -> float:
     cache = e.__dict__.setdefault("_norm_sq_cache", {})
     if isinstance(problem, LayeredProblem):
         z = hidden[k - 1]
-        link = e.link(k + 1)
-        key = (k, tuple(z.shape[1:]), z.dtype, z.device, tuple((id(p), p._version) for p in link.parameters()))
-        if key not in cache:
-            cache[key] = operator_norm_sq(link, z.shape[1:], z.dtype, z.device)
+        if e.chain.is_chain:
+            link = e.link(k + 1)
+            key = (k, tuple(z.shape[1:]), z.dtype, z.device, tuple((id(p), p._version) for p in link.parameters()))
+            if key not in cache:
+                cache[key] = operator_norm_sq(link, z.shape[1:], z.dtype, z.device)
+            return cache[key]
+        skip_top = problem.n_clamped == 0   # a free output is eliminated: its term is constant in z_k
+        total = 0.0
+        for c in sorted({c for c, _ in e.out_edges(k)}):
+            if c == problem.depth and skip_top:
+                continue
+            norm = 0.0
+            for cc, edge in e.out_edges(k):
+                if cc != c:
+                    continue
+                key = (id(edge), tuple(z.shape[1:]), z.dtype, z.device,
+                       tuple((id(p), p._version) for p in edge.parameters()))
+                if key not in cache:
+                    cache[key] = operator_norm_sq(edge, z.shape[1:], z.dtype, z.device)
+                norm += math.sqrt(max(cache[key], 0.0))
+            total += e.feedback(k, c) * norm ** 2
+        return total / e.feedback(k)
     else:
         W = e.weights[k]
         key = (k, W.data_ptr(), W._version, tuple(W.shape), W.dtype)
@@ -304,7 +324,9 @@ class BlockProjectedGradient(Solver):
         out = []
         for k in range(1, problem.depth):
             rho = e.feedback(k)
-            if k == problem.depth - 1 and problem.n_clamped == 0 and not self.safe_steps:
+            only_top = all(c == problem.depth for c, _ in e.out_edges(k)) if isinstance(problem, LayeredProblem) \
+                else k == problem.depth - 1
+            if only_top and problem.n_clamped == 0 and not self.safe_steps:
                 out.append(1.0)   # a free output is eliminated: the top block's Hessian is w_k I
                 continue
             lam = _norm_sq(problem, k, hidden)
@@ -336,21 +358,24 @@ class BlockProjectedGradient(Solver):
         """The same sweeps on a generic chain: forwards and adjoints through the layer maps."""
         e, L = problem.energy, problem.depth
         t = self.steps(problem, hidden)
-        if LIFTED_SWEEP.active(problem.x.device) and all(
+        if LIFTED_SWEEP.active(problem.x.device) and e.chain.is_chain and all(
                 e.link(k)._lone_linear for k in range(2, L + 1)) and all(h.dim() == 2 for h in hidden):
             return self._solve_layered_linear(problem, hidden, pre, t)
         adj = problem.adjoints(hidden)
         units = [e.link(k).units for k in range(1, L)]
+        children = [None] + [sorted({c for c, _ in e.out_edges(k)}) for k in range(1, L)]
+        zs = [problem.x, *hidden]
 
         def sweep(check: bool) -> list[torch.Tensor]:
             moves = []
             for k in range(1, L):
                 z = hidden[k - 1]
-                new = problem.block_step(k, hidden, pre, adj[k + 1], t[k - 1], units[k - 1])
+                new = problem.block_step(k, hidden, pre, adj[k], t[k - 1], units[k - 1])
                 if check:
                     moves.append((new - z).abs_().max() / t[k - 1])
-                hidden[k - 1] = new
-                pre[k + 1] = e.link(k + 1).map(new)
+                hidden[k - 1] = zs[k] = new
+                for c in children[k]:   # the children's pre-activations, fresh for the next blocks
+                    pre[c] = e.pre(c, zs)
             return moves
 
         it, move = self._sweeps(sweep)

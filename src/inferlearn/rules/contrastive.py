@@ -53,9 +53,9 @@ class Contrastive(LiftedEnergyRule):
     gamma: float = 1 / 16   # the paper's 1/8 scored 0.004 lower on the validation splits (and is what `reproduce` uses)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain, fused = self.chain(model)
+        chain, fused = self.chain(model, x)
         B, L = x.shape[0], chain.depth
-        self.check_precision(L, x.dtype)
+        self.check_precision(chain.levels[L], x.dtype)
         if fused:
             energy, x, y = self.dense_inputs(chain, x, labels)
             problem = contrastive_problem(energy, x, y, check=False)   # x was validated by Rule.backward

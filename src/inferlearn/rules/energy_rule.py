@@ -79,16 +79,17 @@ class LiftedEnergyRule(Rule):
         check_engine(self.engine)
         self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
 
-    def chain(self, model: nn.Module) -> tuple[Chain, bool]:
-        """The model's chain (checked: affine maps, box units) and whether to use the fused engine."""
-        chain = model_chain(model, AFFINE, self.name)
+    def chain(self, model: nn.Module, x: torch.Tensor | None = None) -> tuple[Chain, bool]:
+        """The model's graph (checked: affine maps, box units; ``x`` an input batch for traced models that need
+        its shape) and whether to use the fused engine."""
+        chain = model_chain(model, AFFINE, self.name, example=x)
         if self.engine == "fused" and not chain.is_dense:
-            raise ValueError(f"engine='fused' needs a dense chain (Linear layers with box units); "
+            raise ValueError(f"engine='fused' needs a dense chain (Linear layers with box units, no skip connections); "
                              f"{type(model).__name__} is not one: use engine='auto'")
         fused = chain.is_dense and self.engine != "generic"
         if not fused and self.solver == "cd":
             raise ValueError("solver 'cd' (coordinate descent) runs on dense chains only (Linear layers with box "
-                             "units); use solver 'block-pg' for this model")
+                             "units, no skip connections); use solver 'block-pg' for this model")
         return chain, fused
 
     def dense_inputs(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor):

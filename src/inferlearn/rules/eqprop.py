@@ -81,8 +81,8 @@ class EquilibriumPropagation(LiftedEnergyRule):
         check_loss(self.loss)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain, fused = self.chain(model)
-        self.check_precision(chain.depth, x.dtype, beta=self.beta)
+        chain, fused = self.chain(model, x)
+        self.check_precision(chain.levels[-1], x.dtype, beta=self.beta)
         if fused:
             return self._dense(chain, x, labels)
         energy = self.layered_energy(chain)

@@ -284,7 +284,7 @@ class FenchelBackProp(Rule):
         try:
             chain = model_chain(model)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"Invalid betas for {type(model).__name__}: layer-wise β needs a model read as a chain "
+            raise ValueError(f"Invalid betas for {type(model).__name__}: layer-wise β needs a model read as a graph "
                              f"({exc})") from None
         acts = [link.activation for link in chain.links[:-1]]
         if not chain.linear_output:

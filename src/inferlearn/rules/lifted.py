@@ -68,7 +68,7 @@ class LiftedJ0(LiftedEnergyRule):
         return [1.0 / term_weights[L if self.scaling == "global" else k] for k in range(1, L + 1)]
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain, fused = self.chain(model)
+        chain, fused = self.chain(model, x)
         B, L = x.shape[0], chain.depth
         if fused:
             energy, x, y = self.dense_inputs(chain, x, labels)

@@ -75,13 +75,13 @@ class LiftedFenchel(Rule):
         return LayeredEnergy.lifted(chain, self.gamma, kind="fenchel")
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        free = LayeredProblem(self.energy(model_chain(model, AFFINE, self.name)), x)
+        free = LayeredProblem(self.energy(model_chain(model, AFFINE, self.name, example=x)), x)
         output = free.forward_state()[1][free.depth]   # the output width, and a forward pass that is reused
         return self._clamped(free, one_hot(labels, output.shape[1], x.dtype))
 
     def clamped_backward(self, model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> StepInfo:
         """Clamp the output to ``target``, infer and accumulate ``.grad`` (``extras``: steps, ``hidden``)."""
-        return self._clamped(LayeredProblem(self.energy(model_chain(model, AFFINE, self.name)), x), target)
+        return self._clamped(LayeredProblem(self.energy(model_chain(model, AFFINE, self.name, example=x)), x), target)
 
     def _clamped(self, free: LayeredProblem, target: torch.Tensor) -> StepInfo:
         energy, B, L = free.energy, free.batch, free.depth

@@ -120,11 +120,16 @@ class LPOM(Rule):
         return (self.mu * a_top + y) / (self.mu + 1.0)
 
     def layer_steps(self, problem: LayeredProblem, hidden: list[torch.Tensor]) -> list[float]:
-        """``t_k = min(1, 1/‖A_{k+1}‖²)`` per hidden layer (1: LPOM's fixed-point update)."""
-        e = problem.energy
-        return [min(1.0, 1.0 / max(operator_norm_sq(e.link(k + 1), hidden[k - 1].shape[1:], hidden[k - 1].dtype,
-                                                     hidden[k - 1].device), 1e-30))
-                for k in range(1, problem.depth)]
+        """``t_k = min(1, 1/‖A_{k+1}‖²)`` per hidden layer (1: LPOM's fixed-point update); on a graph
+        ``1/Σ_c (Σ_{e: k→c} ‖A_e‖)²`` over the node's children."""
+        e, out = problem.energy, []
+        for k in range(1, problem.depth):
+            z = hidden[k - 1]
+            norms: dict[int, float] = {}
+            for c, edge in e.out_edges(k):
+                norms[c] = norms.get(c, 0.0) + operator_norm_sq(edge, z.shape[1:], z.dtype, z.device) ** 0.5
+            out.append(min(1.0, 1.0 / max(sum(v * v for v in norms.values()), 1e-30)))
+        return out
 
     @torch.no_grad()
     def block_update(self, problem: LayeredProblem, hidden: list[torch.Tensor], k: int, iterations: int,
@@ -134,15 +139,16 @@ class LPOM(Rule):
         e, L = problem.energy, problem.depth
         zs = [problem.x, *hidden]
         pre = [None] * (L + 1)
-        pre[k] = problem.a1 if k == 1 else e.link(k).map(zs[k - 1])
-        adjoint = problem.adjoints(hidden)[k + 1] if adjoint is None else adjoint
+        pre[k] = problem.a1 if k == 1 else e.pre(k, zs)
+        adjoint = problem.adjoints(hidden)[k] if adjoint is None else adjoint
         units = e.link(k).units
         move = 0.0
         for _ in range(iterations):
-            pre[k + 1] = e.link(k + 1).map(hidden[k - 1])
+            for c, _ in adjoint:
+                pre[c] = e.pre(c, zs)
             new = problem.block_step(k, hidden, pre, adjoint, t, units)
             move = max(move, float((new - hidden[k - 1]).abs().max()))
-            hidden[k - 1] = new
+            hidden[k - 1] = zs[k] = new
         return move
 
     @torch.no_grad()
@@ -151,7 +157,7 @@ class LPOM(Rule):
         on return ``problem.target`` holds ``z_L``). Returns ``(hidden, sweeps done, last move)``."""
         e, L = problem.energy, problem.depth
         hidden = [h.clone() for h in problem.forward_state()[0]]
-        top = lambda: e.link(L).map(hidden[-1] if hidden else problem.x)   # noqa: E731
+        top = lambda: e.pre(L, [problem.x, *hidden])   # noqa: E731
         problem.target = self.output_update(top(), y)
         it, move = 0, 0.0
         if L > 1 and self.sweeps:
@@ -160,14 +166,14 @@ class LPOM(Rule):
             for it in range(1, self.sweeps + 1):
                 move = 0.0
                 for k in range(L - 1, 0, -1):
-                    move = max(move, self.block_update(problem, hidden, k, self.inner, steps[k - 1], adjoints[k + 1]))
+                    move = max(move, self.block_update(problem, hidden, k, self.inner, steps[k - 1], adjoints[k]))
                 problem.target = self.output_update(top(), y)
                 if self.tol is not None and move <= self.tol:
                     break
         return hidden, it, move
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain = model_chain(model, AFFINE, self.name)
+        chain = model_chain(model, AFFINE, self.name, example=x)
         B, L = x.shape[0], chain.depth
         free = LayeredProblem(self.energy(chain), x)
         output = free.forward_state()[1][L]

@@ -177,7 +177,7 @@ class MAC(Rule):
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
                   index: torch.Tensor | None = None) -> StepInfo:
-        chain = model_chain(model, DIFFERENTIABLE, self.name)
+        chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
         B, L, mu = x.shape[0], chain.depth, self._mu
         free = LayeredProblem(penalty_energy(chain, 1.0 / mu), x)   # E_Q / μ: hidden terms 1, the loss 1/μ
         forward, pre = free.forward_state()

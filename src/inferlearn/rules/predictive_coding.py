@@ -94,7 +94,7 @@ class PredictiveCoding(Rule):
         return penalty_energy(chain, self.output_weight)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain, fused = self._chain(model)
+        chain, fused = self._chain(model, x)
         if fused:
             return self._clamped(chain, True, x, one_hot(labels, chain.links[-1].linear.out_features, x.dtype))
         free = LayeredProblem(self.energy(chain), x)   # its forward pass gives the output width, and is reused
@@ -106,10 +106,10 @@ class PredictiveCoding(Rule):
 
         ``StepInfo.extras`` holds ``inference_steps`` and the inferred ``hidden`` layers.
         """
-        return self._clamped(*self._chain(model), x, target)
+        return self._clamped(*self._chain(model, x), x, target)
 
-    def _chain(self, model: nn.Module):
-        chain = model_chain(model, DIFFERENTIABLE, self.name)
+    def _chain(self, model: nn.Module, x: torch.Tensor):
+        chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
         fused = chain.is_dense and self.engine != "generic"
         if self.engine == "fused" and not fused:
             raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")

@@ -1,0 +1,495 @@
+"""Reading any ``nn.Module`` as a graph of layer maps and units: ``torch.fx`` tracing and the graph protocol.
+
+A model whose forward is not a plain sequence (a residual block ``relu(f(x) + x)``, a concatenation of
+branches) is read into the same :class:`~inferlearn.engine.chain.Chain` of nodes as a chain, with a
+node's pre-activation the **sum** of its incoming maps::
+
+    a_k = Σ_{e into k} A_e(z_{source(e)}),    z_k = f_k(a_k)
+
+by :func:`trace_graph`, which follows the operations ``torch.fx.symbolic_trace`` records:
+
+* a **unit** (``nn.ReLU``, ``nn.Hardtanh``, :class:`~inferlearn.units.Clamp`, any element-wise
+  activation module, or ``F.relu``/``torch.relu``/``torch.tanh``/... as functions) makes a node: the value
+  node (lifted variable) sits after it, as on a chain;
+* a **layer map** (``Linear``, ``Conv``, pooling, ``Flatten``, normalisation, a module declared with
+  :func:`~inferlearn.engine.chain.declare_affine` or :func:`declare_map`) extends the edge it reads;
+* ``+`` and ``-`` sum edges; multiplying or dividing by a number, ``torch.cat`` (zero-padding each part
+  into its slot), slicing ``x[:, i:j]``, ``flatten``/``view``/``reshape`` of the non-batch dimensions and
+  average pooling/means are linear maps, applied to every edge of a sum (they have no bias);
+* a sum that feeds more than one operation, or a map with a bias, becomes a node of its own with a
+  linear unit (the value node of a residual stream), so no map is evaluated twice.
+
+Anything else (data-dependent control flow, a tensor attribute used directly, an unknown operation)
+is refused in one line naming the node and the fix. What fx cannot trace can still be given by the
+**graph protocol**: a method ``inferlearn_graph(self)`` returning :class:`Node` objects in topological
+order (node ``i`` is the ``i``-th, 1-based; source 0 is the input; the last node is the output).
+
+References:
+    ``torch.fx`` (Reed et al. 2022); Pinchetti et al. (2024), PCX (value nodes after each block of a
+    residual network).
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from ..units import units_of_module
+from .chain import ACTIVATION_TYPES, NORM_TYPES, SMOOTH_TYPES, Chain, Edge, Link, is_affine
+
+
+def declare_map(module: nn.Module) -> nn.Module:
+    """Declare a module of yours one layer map (a single edge of the graph, not traced into): e.g. a
+    residual branch ``a W φ(·)`` whose inner activation should not get a value node of its own (μPC's
+    residual networks). The module must be differentiable; it is not affine unless also declared with
+    :func:`~inferlearn.engine.chain.declare_affine`. Returns the module."""
+    module.inferlearn_map = True
+    return module
+
+
+@dataclass
+class Node:
+    """One node of the graph protocol (``inferlearn_graph()``).
+
+    Attributes:
+        inputs: ``(source, maps)`` pairs: the node's pre-activation is the sum over pairs of ``maps``
+            (a module, a sequence of modules applied in order, or ``()`` for the identity) applied to the
+            value of node ``source`` (0 = the input, ``i`` = the ``i``-th node, 1-based).
+        unit: the activation after the sum (``None``: a linear node, e.g. the output).
+    """
+
+    inputs: Sequence[tuple[int, nn.Module | Sequence[nn.Module]]]
+    unit: nn.Module | None = None
+
+
+class Scale(nn.Module):
+    """``z ↦ c z`` (a number times a tensor in a traced forward: branch scaling ``x + f(x)/√L``)."""
+
+    def __init__(self, c: float):
+        super().__init__()
+        self.c = float(c)
+        self.inferlearn_affine = True
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z * self.c
+
+    def extra_repr(self) -> str:
+        return f"{self.c:g}"
+
+
+class Slot(nn.Module):
+    """``z ↦`` the zero-padded embedding of ``z`` into slot ``[before, before + n)`` of dimension ``dim`` of a
+    concatenation (``torch.cat([u, v], dim) = Slot_u(u) + Slot_v(v)``); its adjoint is the slice."""
+
+    def __init__(self, dim: int, before: int, after: int):
+        super().__init__()
+        self.dim, self.before, self.after = dim, before, after
+        self.inferlearn_affine = True
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        pad = [0, 0] * (z.dim() - 1 - self.dim) + [self.before, self.after]
+        return F.pad(z, pad)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, before={self.before}, after={self.after}"
+
+
+class Index(nn.Module):
+    """``z ↦ z[index]`` with a tuple of slices/integers that keeps the batch dimension (``x[:, 3:7]``)."""
+
+    def __init__(self, index):
+        super().__init__()
+        self.index = index
+        self.inferlearn_affine = True
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z[self.index]
+
+    def extra_repr(self) -> str:
+        return repr(self.index)
+
+
+class Reshape(nn.Module):
+    """``z ↦ z.reshape(batch, *shape)`` (``view``/``reshape``/``flatten`` of the non-batch dimensions)."""
+
+    def __init__(self, shape: Sequence[int]):
+        super().__init__()
+        self.shape = tuple(int(s) for s in shape)
+        self.inferlearn_affine = True
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z.reshape(z.shape[0], *self.shape)
+
+    def extra_repr(self) -> str:
+        return repr(self.shape)
+
+
+class Function(nn.Module):
+    """A traced function call ``fn(z, *args, **kwargs)`` as a module (pooling and means; ``linear`` ones
+    have no bias and are declared affine)."""
+
+    def __init__(self, fn, args: tuple, kwargs: dict, linear: bool):
+        super().__init__()
+        self.fn, self.args, self.kwargs, self.linear = fn, tuple(args), dict(kwargs), linear
+        if linear:
+            self.inferlearn_affine = True
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fn(z, *self.args, **self.kwargs)
+
+    def extra_repr(self) -> str:
+        return getattr(self.fn, "__name__", repr(self.fn))
+
+
+# traced activation functions (and tensor methods of the same name) → an equivalent module
+_ACT_FUNCTIONS = {
+    torch.relu: lambda a, k: nn.ReLU(), F.relu: lambda a, k: nn.ReLU(), "relu": lambda a, k: nn.ReLU(),
+    F.relu6: lambda a, k: nn.ReLU6(),
+    F.hardtanh: lambda a, k: nn.Hardtanh(*a, **{n: v for n, v in k.items() if n in ("min_val", "max_val")}),
+    torch.sigmoid: lambda a, k: nn.Sigmoid(), F.sigmoid: lambda a, k: nn.Sigmoid(), "sigmoid": lambda a, k: nn.Sigmoid(),
+    torch.tanh: lambda a, k: nn.Tanh(), F.tanh: lambda a, k: nn.Tanh(), "tanh": lambda a, k: nn.Tanh(),
+    F.gelu: lambda a, k: nn.GELU(**k), F.silu: lambda a, k: nn.SiLU(), F.elu: lambda a, k: nn.ELU(*a),
+    F.leaky_relu: lambda a, k: nn.LeakyReLU(*a, **{n: v for n, v in k.items() if n == "negative_slope"}),
+    F.softplus: lambda a, k: nn.Softplus(*a, **k), F.hardsigmoid: lambda a, k: nn.Hardsigmoid(),
+}
+# traced linear functions (no bias) and differentiable ones
+_LINEAR_FUNCTIONS = {F.avg_pool1d, F.avg_pool2d, F.avg_pool3d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d,
+                     torch.mean, "mean"}
+_SMOOTH_FUNCTIONS = {F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool1d, F.adaptive_max_pool2d}
+_ADD = {operator.add, operator.iadd, torch.add, "add", "add_"}
+_SUB = {operator.sub, operator.isub, torch.sub, "sub"}
+_MUL = {operator.mul, operator.imul, torch.mul, "mul"}
+_DIV = {operator.truediv, operator.itruediv, torch.div, "div"}
+_CAT = {torch.cat, torch.concat}
+_RESHAPE = {"view", "reshape", "flatten", torch.flatten, torch.reshape}
+_PASS = {"contiguous", "clone"}
+_BATCH = object()   # x.size(0) / x.shape[0]: the batch size in a view or reshape
+
+
+class _Tracer(fx.Tracer):
+    """fx's tracer, with the engine's units, activations and declared maps kept as leaves."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        if getattr(m, "inferlearn_map", False) or getattr(m, "inferlearn_affine", False):
+            return True
+        if units_of_module(m) is not None or isinstance(m, ACTIVATION_TYPES):
+            return True
+        return super().is_leaf_module(m, qualname)
+
+
+def _is_linear(m: nn.Module) -> bool:
+    """An affine map without offset (``m(u + v) = m(u) + m(v)``): distributes over the edges of a sum."""
+    if isinstance(m, (Scale, Slot, Index, Reshape, nn.Flatten, nn.Unflatten, nn.AvgPool1d, nn.AvgPool2d,
+                      nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
+        return True
+    if isinstance(m, Function):
+        return m.linear
+    if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return m.bias is None
+    return False
+
+
+def _is_map(m: nn.Module) -> bool:
+    return getattr(m, "inferlearn_map", False) or is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES)
+
+
+class _Reader:
+    """Walks a traced graph, keeping each tensor as a sum of edges ``[(source, maps, names), …]``."""
+
+    def __init__(self, model: nn.Module, gm: fx.GraphModule, shapes: dict):
+        self.model, self.gm, self.shapes = model, gm, shapes
+        self.links: list[Link] = []
+        self.env: dict = {}
+        self.who = type(model).__name__
+
+    def refuse(self, node: fx.Node, why: str, fix: str) -> None:
+        raise ValueError(f"Cannot read {self.who} as a graph: node {node.name!r} ({_describe(node)}) {why}; {fix}")
+
+    def new_node(self, expr: list, activation: nn.Module | None) -> list:
+        units = units_of_module(activation) if activation is not None else None
+        edges = tuple(Edge(s, tuple(maps), tuple(names)) for s, maps, names in expr)
+        self.links.append(Link(edges, activation, units))
+        return [(len(self.links), (), ())]
+
+    def materialise(self, expr: list) -> list:
+        """A sum (or anything with maps) becomes a node with a linear unit: its value node."""
+        if len(expr) == 1 and not expr[0][1]:
+            return expr
+        return self.new_node(expr, nn.Identity())
+
+    def apply(self, expr: list, m: nn.Module, name: str) -> list:
+        if len(expr) > 1 and not _is_linear(m):
+            expr = self.materialise(expr)
+        return [(s, maps + (m,), names + (name,)) for s, maps, names in expr]
+
+    def tensor(self, node: fx.Node, arg) -> list:
+        if isinstance(arg, fx.Node) and isinstance(self.env.get(arg), list):
+            return self.env[arg]
+        self.refuse(node, "takes an input that is not a tensor computed from the model's input",
+                    "wrap constants in a module (or use an inferlearn_graph() method)")
+
+    def read(self) -> list[Link]:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != 1:
+            raise ValueError(f"Cannot read {self.who} as a graph: its forward takes {len(placeholders)} inputs "
+                             "(the engine needs exactly one, the batch); give it an inferlearn_graph() method")
+        out = None
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = [(0, (), ())]
+            elif node.op == "output":
+                out = node
+            elif node.op == "get_attr":
+                self.refuse(node, "uses a tensor attribute of the model directly",
+                            "put the computation in a module (e.g. nn.Linear) or give the model an inferlearn_graph() method")
+            elif node.op == "call_module":
+                self.env[node] = self.call_module(node)
+            else:
+                self.env[node] = self.call_function(node)
+            if isinstance(self.env.get(node), list) and len(self.env[node]) > 1 and len(node.users) > 1:
+                self.env[node] = self.materialise(self.env[node])
+        return self.finish(out)
+
+    def call_module(self, node: fx.Node) -> list:
+        m = self.gm.get_submodule(node.target)
+        x = self.tensor(node, node.args[0]) if node.args else None
+        if len(node.args) != 1 or node.kwargs:
+            self.refuse(node, "calls a module with more than one argument", "give the model an inferlearn_graph() method")
+        if isinstance(m, nn.Identity) or (isinstance(m, nn.Dropout) and (m.p == 0 or not m.training)):
+            return x
+        if getattr(m, "inferlearn_map", False) or getattr(m, "inferlearn_affine", False):
+            return self.apply(x, m, node.target)
+        if units_of_module(m) is not None or isinstance(m, ACTIVATION_TYPES):
+            return self.new_node(x, m)
+        if _is_map(m):
+            return self.apply(x, m, node.target)
+        self.refuse(node, f"is a {type(m).__name__}, neither a layer map nor a unit the engine knows",
+                    "use Linear, Conv, pooling, Flatten, normalisation and element-wise activations, or declare "
+                    "the module with inferlearn.declare_affine / inferlearn.declare_map")
+
+    def call_function(self, node: fx.Node):
+        t, args, kw = node.target, node.args, node.kwargs
+        first = self.env.get(args[0]) if args and isinstance(args[0], fx.Node) else None
+        if node.op == "call_method" and t == "size":
+            return _BATCH if len(args) > 1 and args[1] == 0 else ("size", None)
+        if t is getattr and len(args) == 2 and args[1] == "shape":
+            return ("size", None)
+        if t is operator.getitem and isinstance(first, tuple):
+            if args[1] == 0:
+                return _BATCH
+            self.refuse(node, "reads the input's shape", "use fixed shapes (nn.Flatten, x.flatten(1)) instead")
+        if isinstance(first, tuple) or first is _BATCH:
+            self.refuse(node, "computes with the input's shape", "use fixed shapes (nn.Flatten, x.flatten(1)) instead")
+        if t in _ACT_FUNCTIONS:
+            return self.new_node(self.tensor(node, args[0]), _ACT_FUNCTIONS[t](args[1:], dict(kw)))
+        if t in _ADD or t in _SUB:
+            if "alpha" in kw or len(args) != 2:
+                self.refuse(node, "adds with a factor", "scale one term instead (x + 0.5 * y)")
+            a, b = self.tensor(node, args[0]), self.tensor(node, args[1])
+            if t in _SUB:
+                b = [(s, maps + (Scale(-1.0),), names + ("-",)) for s, maps, names in b]
+            return a + b
+        if t in _MUL or t in _DIV:
+            a, b = args[0], args[1]
+            if isinstance(a, (int, float)) and t in _MUL:
+                a, b = b, a
+            if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b) or b == 0:
+                self.refuse(node, "multiplies two tensors (or by something other than a non-zero number)",
+                            "only scaling by a number is a linear map; put other products in a declared module")
+            return self.apply(self.tensor(node, a), Scale(b if t in _MUL else 1.0 / b), node.name)
+        if t in _CAT:
+            return self.cat(node)
+        if t is operator.getitem:
+            return self.index(node)
+        if t in _RESHAPE:
+            return self.reshape(node)
+        if t in _PASS:
+            return self.tensor(node, args[0])
+        if t in _LINEAR_FUNCTIONS or t in _SMOOTH_FUNCTIONS:
+            fn = getattr(torch.Tensor, t) if isinstance(t, str) else t
+            m = Function(fn, args[1:], kw, linear=t in _LINEAR_FUNCTIONS)
+            if t in ("mean", torch.mean) and not _keeps_batch(args[1:], kw):
+                self.refuse(node, "averages over the batch dimension", "average over dimensions 1 and above")
+            return self.apply(self.tensor(node, args[0]), m, node.name)
+        self.refuse(node, "is an operation the engine cannot use in a graph",
+                    "use modules (layer maps, units), +, -, scaling by numbers, torch.cat, slicing, flatten/view; "
+                    "or give the model an inferlearn_graph() method (backprop and fenchel-bp take any model)")
+
+    def cat(self, node: fx.Node) -> list:
+        parts = node.args[0]
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+        shapes = [self.shapes.get(p) for p in parts]
+        if any(s is None for s in shapes):
+            self.refuse(node, "concatenates tensors whose shapes are unknown", "call the rule with an input first")
+        ndim = len(shapes[0])
+        dim = dim + ndim if dim < 0 else dim
+        if dim == 0:
+            self.refuse(node, "concatenates along the batch dimension", "concatenate along dimension 1 or above")
+        sizes = [s[dim] for s in shapes]
+        total, expr, before = sum(sizes), [], 0
+        for p, n in zip(parts, sizes):
+            expr += self.apply(self.tensor(node, p), Slot(dim, before, total - before - n), node.name)
+            before += n
+        return expr
+
+    def index(self, node: fx.Node) -> list:
+        idx = node.args[1]
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if not idx or not (isinstance(idx[0], slice) and idx[0] == slice(None)) or not all(
+                isinstance(i, (slice, int)) or i is Ellipsis for i in idx):
+            self.refuse(node, "indexes the batch dimension or with tensors",
+                        "slice the feature dimensions only (x[:, 3:7])")
+        return self.apply(self.tensor(node, node.args[0]), Index(idx), node.name)
+
+    def reshape(self, node: fx.Node) -> list:
+        t, args, kw = node.target, node.args, node.kwargs
+        x = self.tensor(node, args[0])
+        shape = self.shapes.get(node)
+        if t in ("flatten", torch.flatten):
+            start = kw.get("start_dim", args[1] if len(args) > 1 else 0)
+            end = kw.get("end_dim", args[2] if len(args) > 2 else -1)
+            if start == 0:
+                self.refuse(node, "flattens the batch dimension", "flatten from dimension 1 (x.flatten(1))")
+            return self.apply(x, nn.Flatten(start, end), node.name)
+        dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+        if not dims or not (dims[0] is _BATCH or dims[0] == -1 or (isinstance(dims[0], fx.Node)
+                                                                  and self.env.get(dims[0]) is _BATCH)):
+            self.refuse(node, "reshapes without keeping the batch dimension first",
+                        "reshape as x.view(x.size(0), ...) or use nn.Flatten")
+        rest = list(dims[1:])
+        if any(not isinstance(d, int) for d in rest) or (dims[0] == -1 and -1 in rest):
+            self.refuse(node, "reshapes to a shape computed at run time", "use fixed sizes")
+        if shape is not None:
+            rest = list(shape[1:])
+        return self.apply(x, Reshape(rest), node.name)
+
+    def finish(self, out: fx.Node) -> list[Link]:
+        res = out.args[0]
+        if not isinstance(res, fx.Node) or not isinstance(self.env.get(res), list):
+            raise ValueError(f"Cannot read {self.who} as a graph: its forward must return one tensor computed "
+                             "from its input (not a tuple or dict)")
+        expr = self.env[res]
+        L = len(self.links)
+        if not (len(expr) == 1 and not expr[0][1] and expr[0][0] == L and L > 0):
+            self.new_node(expr, None)
+        return self.links
+
+
+def _keeps_batch(args, kw) -> bool:
+    dim = kw.get("dim", args[0] if args else None)
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    return dim is not None and all(isinstance(d, int) and d != 0 for d in dims)
+
+
+def _describe(node: fx.Node) -> str:
+    if node.op == "call_module":
+        return f"module {node.target}"
+    t = node.target
+    return f"{node.op.replace('_', ' ')} {getattr(t, '__name__', t)}"
+
+
+def check_graph(model: nn.Module, links: Sequence[Link]) -> None:
+    """Raise ``ValueError`` unless ``links`` is a DAG in topological order whose only sink is the last node."""
+    who = type(model).__name__
+    if not links:
+        raise ValueError(f"{who} has no layers")
+    used = [False] * (len(links) + 1)
+    for k, link in enumerate(links, start=1):
+        if not link.edges:
+            raise ValueError(f"{who}: node {k} has no inputs")
+        for e in link.edges:
+            if not (isinstance(e.source, int) and 0 <= e.source < k):
+                raise ValueError(f"{who}: node {k} reads node {e.source}, which does not come before it "
+                                 "(nodes must be in topological order; 0 is the input)")
+            used[e.source] = True
+    for k in range(1, len(links)):
+        if not used[k]:
+            name = links[k - 1].names[-1] if links[k - 1].names else f"node {k}"
+            raise ValueError(f"{who}: the value after {name!r} (node {k}) is not used on the way to the output; "
+                             "remove the dead branch")
+    if not used[0]:
+        raise ValueError(f"{who}: no node reads the model's input")
+
+
+def trace_graph(model: nn.Module, example: torch.Tensor | None = None) -> tuple[list[Link], bool]:
+    """The nodes of ``model`` read by ``torch.fx`` (module docstring), and whether they depend on the input's
+    shape (a concatenation: ``example``, one input batch, gives the sizes of its parts).
+
+    Raises:
+        ValueError: fx cannot trace the model, or a node is one the engine cannot use (the message names it).
+    """
+    try:
+        graph = _Tracer().trace(model)
+    except Exception as exc:   # fx raises TraceError, TypeError, NotImplementedError, ... on dynamic code
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"Cannot read {type(model).__name__} as a graph: torch.fx cannot trace its forward "
+                         f"({first}); remove data-dependent control flow, or give it an inferlearn_graph() method "
+                         "(backprop and fenchel-bp take any model)") from None
+    gm = fx.GraphModule(model, graph)
+    shapes: dict = {}
+    if example is not None:
+        shapes = _shapes(gm, example[:1])
+    links = _Reader(model, gm, shapes).read()
+    check_graph(model, links)
+    return links, any(n.target in _CAT for n in graph.nodes)
+
+
+@torch.no_grad()
+def _shapes(gm: fx.GraphModule, x: torch.Tensor) -> dict:
+    """The shape of every traced tensor on input ``x`` (one row), by interpreting the graph."""
+    shapes = {}
+
+    class _Interp(fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if torch.is_tensor(out):
+                shapes[n] = tuple(out.shape)
+            return out
+
+    try:
+        _Interp(gm).run(x)
+    except Exception:   # a wrong input width: the rule's own forward pass reports it
+        return {}
+    return shapes
+
+
+def protocol_graph(model: nn.Module) -> list[Link]:
+    """The nodes of a model with an ``inferlearn_graph()`` method (:class:`Node` objects)."""
+    items = list(model.inferlearn_graph())
+    who = type(model).__name__
+    named = {id(m): n for n, m in model.named_modules()}
+    links = []
+    for k, item in enumerate(items, start=1):
+        if not isinstance(item, Node):
+            raise TypeError(f"{who}.inferlearn_graph() must return inferlearn.Node objects (item {k} is "
+                            f"{type(item).__name__})")
+        edges = []
+        for pair in item.inputs:
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise TypeError(f"{who}.inferlearn_graph(): node {k}'s inputs must be (source, maps) pairs")
+            source, maps = pair
+            maps = (maps,) if isinstance(maps, nn.Module) else tuple(maps)
+            if not all(isinstance(m, nn.Module) for m in maps):
+                raise TypeError(f"{who}.inferlearn_graph(): node {k}'s maps must be nn.Module objects")
+            for m in maps:
+                if not _is_map(m) and not isinstance(m, nn.Identity):
+                    raise ValueError(f"{who}.inferlearn_graph(): node {k} uses {type(m).__name__} as a map; maps are "
+                                     "Linear, Conv, pooling, Flatten, normalisation, or modules declared with "
+                                     "inferlearn.declare_affine / inferlearn.declare_map")
+            names = tuple(named.get(id(m), f"inferlearn_graph()[{k - 1}]") for m in maps)
+            edges.append(Edge(source, maps, names))
+        unit = item.unit
+        if unit is not None and not (units_of_module(unit) is not None or isinstance(unit, ACTIVATION_TYPES)):
+            raise ValueError(f"{who}.inferlearn_graph(): node {k}'s unit {type(unit).__name__} is not an activation")
+        links.append(Link(tuple(edges), unit, units_of_module(unit) if unit is not None else None))
+    check_graph(model, links)
+    return links
+
+
+def as_chain(model: nn.Module, links: Sequence[Link]) -> Chain:
+    return Chain(model, links, [m for link in links for m in link.maps])
