@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ..engine.compiled import MODES as COMPILE_MODES
+from ..models import ZOO
 from ..training.config import TrainConfig
 from ..units import UNIT_SETS
 from ..data import DATASETS
@@ -17,7 +18,9 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--data", default=defaults.data, help=f"dataset: {', '.join(DATASETS)} (default %(default)s)")
     p.add_argument("--arch", default=defaults.arch,
                    help="MLP widths (784-64-64-64-10), a conv net (conv:16-32 or conv:16-32/64: conv channels, then "
-                        "dense widths) or your own model (package.module:function) (default %(default)s)")
+                        f"dense widths), a zoo model ({', '.join(ZOO)}; options as NAME:KEY=VALUE,..., e.g. "
+                        "vgg5:width=0.125,pool=avg or resmlp:depth=64,param=mupc; act= overrides --act) or your own "
+                        "model (package.module:function) (default %(default)s)")
     p.add_argument("--act", default=defaults.act, help=f"hidden units: {', '.join(UNIT_SETS)} (default %(default)s)")
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)
@@ -29,7 +32,7 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
                    help="constant, warmup (5 epochs at 0.1×lr, then 0.3×lr), warmup:E:F:A (E epochs at F×lr, then A×lr) "
                         "or scaled:F (default %(default)s)")
     p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in)")
+    p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in) (MLP widths only)")
     p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
     p.add_argument("--dtype", default=defaults.dtype, choices=["float32", "float64"],
                    help="floating-point type of the model and inputs (default %(default)s; float64 for deep "

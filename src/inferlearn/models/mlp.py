@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .units import Clamp, UnitSet, get_units
+from ..units import Clamp, UnitSet, get_units
 
 
 def parse_arch(arch: str | Sequence[int]) -> list[int]:
@@ -136,102 +136,3 @@ class MLP(nn.Module):
 
     def extra_repr(self) -> str:
         return f"sizes={format_arch(self.sizes)}, units={[u.name for u in self.units]}"
-
-
-def conv_net(image_shape: Sequence[int], channels: Sequence[int], hidden: Sequence[int], n_classes: int,
-             units: str | UnitSet = "relu", seed: int | None = 0, dtype: torch.dtype = torch.float32) -> nn.Sequential:
-    """A conv net on flat inputs: ``Unflatten``, per stage ``Conv3×3 → unit → AvgPool2``, then
-    ``Flatten → (Linear → unit)* → Linear``.
-
-    Every layer map is affine (average pooling, not max pooling) and every unit a box, so all rules
-    accept it; hidden variables sit after the units (the pooling belongs to the next layer map). The
-    architecture of the conv benchmark (``benchmarks/bench_conv.py``). Default PyTorch
-    initialisation, drawn from ``seed``.
-
-    Args:
-        image_shape: ``(C, H, W)`` of one input (the data are flat, ``C·H·W`` features).
-        channels: output channels of each conv stage.
-        hidden: widths of the dense hidden layers after the conv stages.
-    """
-    C, H, W = (int(s) for s in image_shape)
-    if seed is not None:
-        torch.manual_seed(seed)
-    u = get_units(units)
-    layers: list[nn.Module] = [nn.Unflatten(1, (C, H, W))]
-    c_in = C
-    for i, c in enumerate(channels):
-        if H < 2 or W < 2:
-            raise ValueError(f"Too many conv stages for {tuple(image_shape)} images: stage {i + 1} sees {H}×{W}")
-        layers += [nn.Conv2d(c_in, c, 3, padding=1, dtype=dtype), Clamp(u), nn.AvgPool2d(2)]
-        c_in, H, W = c, H // 2, W // 2
-    layers.append(nn.Flatten())
-    n_in = c_in * H * W
-    for h in hidden:
-        layers += [nn.Linear(n_in, h, dtype=dtype), Clamp(u)]
-        n_in = h
-    layers.append(nn.Linear(n_in, n_classes, dtype=dtype))
-    return nn.Sequential(*layers)
-
-
-def parse_conv_arch(arch: str) -> tuple[list[int], list[int]]:
-    """``"conv:16-32/64"`` → ``([16, 32], [64])`` (conv channels, dense hidden widths)."""
-    conv, _, dense = arch[5:].partition("/")
-    try:
-        channels = [int(c) for c in conv.split("-")]
-        hidden = [int(h) for h in dense.split("-")] if dense else []
-    except ValueError:
-        channels, hidden = [], []
-    if not channels or any(c <= 0 for c in channels + hidden):
-        raise ValueError(f"Invalid conv architecture {arch!r}: expected e.g. 'conv:16-32' or 'conv:16-32/64'")
-    return channels, hidden
-
-
-def build_model(arch: str, units: str | UnitSet, n_features: int, n_classes: int, image_shape: Sequence[int],
-                seed: int = 0, init_scale: float = 1.0, data_name: str = "the data") -> nn.Module:
-    """The model an architecture string describes.
-
-    * ``784-64-64-10``: an :class:`MLP` (the widths must start with the inputs and end with the classes);
-    * ``conv:16-32`` or ``conv:16-32/64``: :func:`conv_net` with conv channels ``16, 32`` and optional
-      dense hidden widths after ``/``;
-    * ``package.module:function``: your own model, ``function()`` returning an ``nn.Module`` (seeded
-      with ``seed`` before the call). Rules accept it when it is a chain (:mod:`inferlearn.engine.chain`).
-
-    Raises:
-        ValueError: a malformed string, widths that do not fit the data, a function that cannot be
-            imported or does not return an ``nn.Module``.
-    """
-    if arch.startswith("conv:"):
-        channels, hidden = parse_conv_arch(arch)
-        return conv_net(image_shape, channels, hidden, n_classes, units, seed=seed)
-    if ":" in arch:
-        import importlib
-
-        module_name, _, func_name = arch.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"Cannot load model builder {arch!r}: {e}") from None
-        torch.manual_seed(seed)
-        model = fn()
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"Model builder {arch!r} returned {type(model).__name__}, not an nn.Module")
-        return model
-    sizes = parse_arch(arch)
-    if sizes[0] != n_features or sizes[-1] != n_classes:
-        raise ValueError(f"Architecture {arch} does not fit {data_name}: inputs have {n_features} features "
-                         f"and there are {n_classes} classes (e.g. {n_features}-64-{n_classes})")
-    return MLP(sizes, units, seed=seed, init_scale=init_scale)
-
-
-def check_arch(arch: str) -> str:
-    """Validate an architecture string's syntax (without the data): see :func:`build_model`."""
-    if arch.startswith("conv:"):
-        parse_conv_arch(arch)
-        return arch
-    if ":" in arch:
-        module_name, _, func_name = arch.partition(":")
-        if not module_name or not func_name.isidentifier():
-            raise ValueError(f"Invalid model builder {arch!r}: expected 'package.module:function'")
-        return arch
-    parse_arch(arch)
-    return arch

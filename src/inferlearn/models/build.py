@@ -1,0 +1,94 @@
+"""From an architecture string (``--arch``) to a model: MLP widths, ``conv:…``, the zoo, or your own builder."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..units import UnitSet
+from .conv import conv_net, parse_conv_arch
+from .mlp import MLP, parse_arch
+from .zoo import ZOO, zoo_entry
+
+ARCH_FORMS = (f"MLP widths (784-64-10), conv:16-32/64, a zoo model ({', '.join(ZOO)}, with NAME:KEY=VALUE,... "
+              "options) or package.module:function")
+
+
+def _kind(arch: str) -> str:
+    """``"zoo"``, ``"conv"``, ``"builder"`` or ``"mlp"``; refuses a name that is none of them."""
+    if zoo_entry(arch) is not None:
+        return "zoo"
+    if arch.startswith("conv:"):
+        return "conv"
+    name, colon, rest = arch.partition(":")
+    if colon and "=" not in rest and "," not in rest:
+        return "builder"
+    if colon or not arch.strip()[:1].isdigit():
+        raise ValueError(f"Unknown architecture {arch!r}: expected {ARCH_FORMS}")
+    return "mlp"
+
+
+def build_model(arch: str, units: str | UnitSet, n_features: int, n_classes: int, image_shape: Sequence[int],
+                seed: int = 0, init_scale: float = 1.0, data_name: str = "the data") -> nn.Module:
+    """The model an architecture string describes.
+
+    * ``784-64-64-10``: an :class:`~inferlearn.models.MLP` (the widths must start with the inputs and end with
+      the classes);
+    * ``conv:16-32`` or ``conv:16-32/64``: :func:`~inferlearn.models.conv_net` with conv channels ``16, 32``
+      and optional dense hidden widths after ``/``;
+    * a zoo model, ``vgg5`` or ``vgg5:width=0.5,pool=avg`` (:mod:`inferlearn.models.zoo`): its input shape
+      and classes come from the data, ``units`` is its default activation, ``seed`` seeds it;
+    * ``package.module:function``: your own model, ``function()`` returning an ``nn.Module`` (seeded
+      with ``seed`` before the call). Rules accept it when the engine can read it (:mod:`inferlearn.engine`).
+
+    Raises:
+        ValueError: a malformed string, an unknown zoo model, option or value, widths that do not fit the
+            data, ``init_scale`` other than 1 for a zoo model (each has its own initialisation), a function
+            that cannot be imported or does not return an ``nn.Module``.
+    """
+    kind = _kind(arch)
+    if kind == "zoo":
+        if init_scale != 1.0:
+            raise ValueError(f"--init-scale {init_scale} applies to MLP architectures; zoo model {arch!r} has its "
+                             "own initialisation (leave --init-scale at 1)")
+        act = units.name if isinstance(units, UnitSet) else units
+        return zoo_entry(arch).build(arch.partition(":")[2], image_shape, n_classes, act=act, seed=seed)
+    if kind == "conv":
+        channels, hidden = parse_conv_arch(arch)
+        return conv_net(image_shape, channels, hidden, n_classes, units, seed=seed)
+    if kind == "builder":
+        import importlib
+
+        module_name, _, func_name = arch.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), func_name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"Cannot load model builder {arch!r}: {e}") from None
+        torch.manual_seed(seed)
+        model = fn()
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"Model builder {arch!r} returned {type(model).__name__}, not an nn.Module")
+        return model
+    sizes = parse_arch(arch)
+    if sizes[0] != n_features or sizes[-1] != n_classes:
+        raise ValueError(f"Architecture {arch} does not fit {data_name}: inputs have {n_features} features "
+                         f"and there are {n_classes} classes (e.g. {n_features}-64-{n_classes})")
+    return MLP(sizes, units, seed=seed, init_scale=init_scale)
+
+
+def check_arch(arch: str) -> str:
+    """Validate an architecture string's syntax and a zoo model's options (without the data): see
+    :func:`build_model`."""
+    kind = _kind(arch)
+    if kind == "zoo":
+        zoo_entry(arch).parse_options(arch.partition(":")[2])
+    elif kind == "conv":
+        parse_conv_arch(arch)
+    elif kind == "builder":
+        module_name, _, func_name = arch.partition(":")
+        if not module_name or not func_name.isidentifier():
+            raise ValueError(f"Invalid model builder {arch!r}: expected 'package.module:function'")
+    else:
+        parse_arch(arch)
+    return arch
