@@ -978,7 +978,7 @@ def _train_admm(trainer: BlockADMM, data: RunData, epochs: int, folder: RunFolde
     history: list[dict] = []
     if folder is not None:
         if resume:
-            ckpt = folder.load_checkpoint()
+            ckpt = folder.load_checkpoint(note=log)
             if ckpt is None:
                 raise FileNotFoundError(f"--resume: no checkpoint at {folder.checkpoint_path}")
             trainer.load_state_dict(ckpt["state"])

@@ -247,7 +247,7 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
     s = build(config, group)
     history: list[dict] = []
     start = 0
-    ckpt = folder.load_checkpoint(map_location=config.device) if resume else None
+    ckpt = folder.load_checkpoint(map_location=config.device, note=log) if resume else None
     if resume and ckpt is None and log:
         log(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
     if ckpt is not None:

@@ -13,6 +13,12 @@ instead of interleaving ``metrics.jsonl`` or deleting the other's half-written c
 goes with the process (``kill -9`` included); the processes of a ``--nproc`` run work under their
 launcher's lock.
 
+Integrity: a checkpoint stores the SHA-256 of its contents (every tensor's bytes, dtype and shape, and
+every other value; :func:`payload_digest`) under ``payload_sha256``, and loading recomputes it: a
+checkpoint changed on disk after it was written (flipped bytes that still unpickle) is refused in one
+line instead of resuming with altered weights. Checkpoints of older versions, without the key, still
+load, with a note.
+
 Invariants: a checkpoint is written before the metrics line of its epoch (metrics never run ahead
 of the state they describe), and on resume ``metrics.jsonl`` is rebuilt from the checkpoint's own
 history, so epochs that finished after the last checkpoint are re-run and never listed twice.
@@ -24,7 +30,9 @@ the rules, residuals and penalties for block-ADMM).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import pickle
 import os
 import time
 from pathlib import Path
@@ -39,10 +47,58 @@ CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 LOCK = ".lock"
+CHECKSUM = "payload_sha256"
 COMMON_FIELDS = ("epoch", "train_loss", "epoch_seconds")
+_RECOVER = ("copy a previous checkpoint over it if you keep one and --resume again, or delete it to restart "
+            "the run from scratch")
 
 #: the run folders this process holds locked: real path -> [file descriptor, RunFolder objects using it]
 _HELD: dict[str, list[int]] = {}
+
+
+def payload_digest(obj) -> str:
+    """SHA-256 (hex) of a checkpoint's contents: nested dicts, lists and tuples of tensors and plain values.
+
+    Tensors contribute their dtype, shape and bytes (read on the CPU, so a checkpoint loaded onto another
+    device has the same digest); dicts their items in order (``torch.load`` keeps it); other values a
+    typed text or pickle. The same contents give the same digest in any process.
+    """
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()
+
+
+def _feed(h, obj) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, dict):
+        h.update(f"{{{len(obj)}".encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"{'[' if isinstance(obj, list) else '('}{len(obj)}".encode())
+        for v in obj:
+            _feed(h, v)
+    elif isinstance(obj, (set, frozenset)):   # pickled sets need not keep their order
+        h.update(f"<{len(obj)}".encode())
+        for d in sorted(payload_digest(v) for v in obj):
+            h.update(d.encode())
+    elif isinstance(obj, str):
+        h.update(f"s{len(obj)}:".encode() + obj.encode("utf-8", "surrogatepass"))
+    elif isinstance(obj, bytes):
+        h.update(f"b{len(obj)}:".encode() + obj)
+    elif obj is None or isinstance(obj, (bool, int)):
+        h.update(f"v{obj!r};".encode())
+    elif isinstance(obj, float):
+        h.update(f"f{obj.hex()};".encode())
+    elif isinstance(obj, (torch.dtype, torch.device)):
+        h.update(f"t{obj};".encode())
+    else:
+        h.update(b"p" + pickle.dumps(obj, protocol=4))
 
 
 def _holder_pid(fd: int) -> int | None:
@@ -199,22 +255,35 @@ class RunFolder:
     def checkpoint_path(self) -> Path:
         return self.path / CHECKPOINT
 
-    def load_checkpoint(self, map_location=None) -> dict | None:
-        """The last checkpoint (``{"state": …, "history": […], …}``) or ``None`` if there is none.
+    def load_checkpoint(self, map_location=None, note=None) -> dict | None:
+        """The last checkpoint (``{"state": …, "history": […], …}``, its checksum verified and removed) or
+        ``None`` if there is none.
+
+        Args:
+            note: called with one line when the checkpoint has no checksum (an older version wrote it).
 
         Raises:
-            RunFolderError: the file exists but cannot be read (truncated, not a checkpoint).
+            RunFolderError: the file exists but cannot be read (truncated, not a checkpoint), or its
+                contents do not match its checksum.
         """
         if not self.checkpoint_path.exists():
             return None
+        path = self.checkpoint_path
         try:
-            ckpt = torch.load(self.checkpoint_path, map_location=map_location, weights_only=False)
+            ckpt = torch.load(path, map_location=map_location, weights_only=False)
         except Exception as exc:   # truncated zip, unpickling errors, EOF: all mean a damaged file
-            raise RunFolderError(f"Checkpoint {self.checkpoint_path} is damaged ({type(exc).__name__}: {exc}); "
-                                 "delete it to restart the run from scratch") from None
+            raise RunFolderError(f"Checkpoint {path} is damaged ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                                 f"{_RECOVER}") from None
         if not isinstance(ckpt, dict) or "history" not in ckpt:
-            raise RunFolderError(f"{self.checkpoint_path} is not a checkpoint of this kind of run; "
+            raise RunFolderError(f"{path} is not a checkpoint of this kind of run; "
                                  "delete it or choose another folder")
+        stored = ckpt.pop(CHECKSUM, None)
+        if stored is None:
+            if note is not None:
+                note(f"note: {path} has no checksum (written by an older inferlearn); it is loaded unverified")
+        elif stored != payload_digest(ckpt):
+            raise RunFolderError(f"Checkpoint {path} is corrupted: its contents do not match the checksum stored "
+                                 f"with it (changed on disk after it was written); {_RECOVER}") from None
         return ckpt
 
     def start(self, config: dict, history: list[dict]) -> None:
@@ -228,7 +297,7 @@ class RunFolder:
         if missing:
             raise KeyError(f"metrics record lacks the common fields {missing}")
         if checkpoint is not None:
-            save_torch(checkpoint, self.checkpoint_path)
+            save_torch({**checkpoint, CHECKSUM: payload_digest(checkpoint)}, self.checkpoint_path)
         append_jsonl(record, self.path / METRICS)
 
     def last_good(self) -> str:
