@@ -1,6 +1,6 @@
 """Run by ``tests/test_distributed.py`` under the elastic launcher (2 processes on loopback).
 
-For every registered rule, on the MLP and on a conv net, in float64: the gradient averaged over the
+For every registered rule, on the MLP, a conv net and a residual conv net, in float64: the gradient averaged over the
 ranks' shards (:meth:`Group.average_gradients`) must equal the gradient one process computes on the
 whole batch. Rank 0 writes ``{rule/model: max relative error}`` as JSON to ``argv[1]``.
 """
@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from inferlearn.distributed import join
+from graph_models import GRAPH_MODELS
 from oracle_helpers import finish_worker
 from inferlearn.models import MLP
 from inferlearn.rules import RULES, make_rule
@@ -18,6 +19,7 @@ MODELS = {
     "mlp": lambda: MLP([16, 8, 8, 3], "relu", seed=3),
     "conv": lambda: nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(),
                                   nn.AvgPool2d(2), nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3)),
+    "residual-conv": GRAPH_MODELS["residual-conv"],
 }
 
 

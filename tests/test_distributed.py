@@ -1,7 +1,7 @@
 """Data-parallel training on torch.distributed (gloo, loopback only).
 
 Oracles: the gradient averaged over 2 ranks' shards equals the 1-process full-batch gradient for
-every rule (float64, MLP and conv net); ``train --nproc 2`` gives the metrics of ``--nproc 1``; a
+every rule (float64, MLP, conv net and a residual conv net); ``train --nproc 2`` gives the metrics of ``--nproc 1``; a
 killed rank ends the run with one line, and the run resumes with another number of processes to the
 metrics of an uninterrupted run; a hung rank makes the others fail within ``--dist-timeout``.
 """
@@ -69,7 +69,7 @@ def test_sharded_gradients_equal_the_full_batch_gradient_for_every_rule(tmp_path
                     "--rdzv-endpoint", f"127.0.0.1:{port}", str(HERE / "distributed_worker.py"), str(out)],
                    env=_env(), check=True, capture_output=True, timeout=240)
     errors = json.loads(out.read_text())
-    assert len(errors) >= 14   # every rule × {MLP, conv}
+    assert len(errors) >= 21   # every rule × {MLP, conv, residual conv}
     assert max(errors.values()) < 1e-9, errors
 
 

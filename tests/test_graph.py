@@ -394,3 +394,17 @@ def test_contrastive_rules_on_a_residual_net_approach_backprop_at_small_gamma(na
     opts = {"gamma": 1 / 64} | TIGHT | ({"beta": 1e-3} if name == "eqprop" else {})
     mine = torch.cat([g.reshape(-1) for g in _grads(make_rule(name, opts), model, x, labels)])
     assert float((mine - bp).norm() / bp.norm()) < 0.1
+
+
+def test_fenchel_bp_on_functional_activations_approaches_backprop():
+    """Activations called as functions (F.relu, F.hardtanh) cannot be converted as modules: Fenchel BP runs
+    through the traced graph instead, and its gradient tends to back-propagation's as β → 0."""
+    torch.manual_seed(0)
+    model = Branches().to(DT)
+    x, labels = _data(n=8, seed=8)
+    bp = torch.cat([g.reshape(-1) for g in _grads(make_rule("backprop"), model, x, labels)])
+    errors = []
+    for beta in (10.0, 1e-6):   # a large β crosses the kinks: not back-propagation
+        fb = torch.cat([g.reshape(-1) for g in _grads(make_rule("fenchel-bp", {"beta": beta}), model, x, labels)])
+        errors.append(float((fb - bp).norm() / bp.norm()))
+    assert errors[1] < 1e-6 < errors[0], errors

@@ -1,7 +1,8 @@
 """The contract every registered rule obeys, on a model zoo (table-driven, like optax's tests).
 
-Models: the library's MLP, a plain ``nn.Sequential`` MLP, a conv net with average pooling and a user
-module exposing its chain through the protocol. For each model × rule × {SGD, Adam} × {float32,
+Models: the library's MLP, a plain ``nn.Sequential`` MLP, a conv net with average pooling, a user
+module exposing its chain through the protocol, and three graphs read by torch.fx: a residual conv net,
+a branching (concatenation) model and a user module with a residual stream. For each model × rule × {SGD, Adam} × {float32,
 float64}: ``.grad`` is filled (finite) for every trainable parameter, the rule never changes
 parameters, two calls accumulate, a fixed seed gives the same gradients, and an optimiser step on
 the rule's gradient changes the weights. New rules join automatically. Refusals are clear errors.
@@ -16,6 +17,8 @@ from inferlearn import declare_affine
 from inferlearn.models import MLP
 from inferlearn.rules import RULES, make_rule
 from inferlearn.units import Clamp
+
+from graph_models import GRAPH_MODELS
 
 OPTIMIZERS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.01), "adam": lambda p: torch.optim.Adam(p, lr=0.01)}
 
@@ -48,6 +51,7 @@ ZOO = {
                                         nn.Linear(5, 3)),
     "conv": conv_net,
     "protocol": ProtocolNet,
+    **GRAPH_MODELS,
 }
 
 

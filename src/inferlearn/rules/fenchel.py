@@ -271,9 +271,14 @@ class FenchelBackProp(Rule):
                      else [partial(_fenchel_local, beta=b) for b in betas])
             loss, out = dense_backward(chain, x, labels, self.loss, local)
             return StepInfo(loss=loss, output=out)
-        conv = converted_model(model, self._module_betas(model) if layerwise else self.beta)
+        graph = _functional_graph(model, x)
+        if graph is not None:   # activations called as functions: convert the traced graph's nodes instead
+            betas = self.layer_betas(len(graph.links) - 1 + (not graph.linear_output)) if layerwise else None
+            forward = partial(_graph_forward, graph, betas=betas or self.beta)
+        else:
+            forward = converted_model(model, self._module_betas(model) if layerwise else self.beta)
         with torch.enable_grad():
-            output = conv(x)
+            output = forward(x)
             loss = output_loss(self.loss, output, labels)
             loss.backward()
         return StepInfo(loss=float(loss.detach()), output=output.detach())
@@ -295,6 +300,34 @@ class FenchelBackProp(Rule):
             raise ValueError(f"Invalid betas for {type(model).__name__}: its activation modules are registered in "
                              "another order than its forward pass applies them; use one global beta")
         return tuple(b for _, b in pairs)
+
+
+def _functional_graph(model: nn.Module, x: torch.Tensor):
+    """The traced graph of ``model`` when some of its activations are functions (``F.relu``), which module
+    conversion cannot see; ``None`` when every activation is a module (or the model cannot be read)."""
+    owned = {id(m) for m in model.modules()}
+    try:
+        graph = model_chain(model, example=x)
+    except (ValueError, TypeError):
+        return None
+    hidden = [link.activation for link in graph.links]
+    return graph if any(a is not None and id(a) not in owned for a in hidden) else None
+
+
+def _graph_forward(graph, x: torch.Tensor, betas: float | Sequence[float]) -> torch.Tensor:
+    """The model's output through its graph, each node's activation (in node order, the output's too unless
+    linear) given Fenchel back-propagation's backward with its β."""
+    zs, n = [x], 0
+    for k, link in enumerate(graph.links, start=1):
+        a = link.pre(zs)
+        act = link.activation
+        if act is None or (k == graph.depth and graph.linear_output):
+            zs.append(act(a) if act is not None else a)
+            continue
+        b = betas if not isinstance(betas, Sequence) else betas[n]
+        n += 1
+        zs.append(FenchelActivation(act, b)(a) if isinstance(act, CONVERTIBLE) else act(a))
+    return zs[-1]
 
 
 def _fenchel_local(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
