@@ -135,6 +135,13 @@ CASES = [
  (C + ["--rule-lr", "backprop=abc"], "Invalid --rule-lr 'backprop=abc'"),
  (C + ["--rule-lr", "backprop"], "Invalid --rule-lr 'backprop'"),
  (C + ["--rule-lr", "backprop=-1"], "Invalid learning rate"),
+ (C + ["--out", "RUN"], "holds another run (not a comparison)"),
+ (C + ["--out", "ADMMRUN"], "holds another run (not a comparison)"),
+ (C + ["--out", ""], "Invalid --out ''"),
+ (T + ["--out", ""], "Invalid --out ''"),
+ (A + ["--out", ""], "Invalid --out ''"),
+ (["train", "--resume", ""], "Invalid --resume ''"),
+ (["admm", "--resume", ""], "Invalid --resume ''"),
  # admm
  (A + ["--split", "abc"], "Invalid --split 'abc'"),
  (A + ["--split", "99"], "Invalid split point 99"),
@@ -199,6 +206,17 @@ def test_bad_input_gives_one_clear_line(folders, tmp_path, args, fragment):
     assert "Traceback" not in text
     assert fragment in text, text
     assert text.strip().splitlines()[-1].startswith(("inferlearn: error:", "inferlearn ", "usage:")), text
+
+
+def test_compare_into_another_run_changes_nothing(folders):
+    """``compare --out`` a train run used to overwrite its curves.png and add its own files."""
+    def files():   # the run's files (the lock file names its last holder's PID)
+        return {p.name: p.stat().st_mtime_ns for p in (folders / "RUN").iterdir() if p.name != ".lock"}
+
+    before = files()
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        assert main([*C, "--out", str(folders / "RUN")]) == 2
+    assert files() == before
 
 
 def test_table_size():

@@ -20,7 +20,9 @@ from .config import TrainConfig
 from ..diagnostics import gradient_alignment, mean_weight_alignment
 from ..plots import plot_curves
 from ..rules import RULES, make_rule
+from ..errors import RunFolderError
 from .loop import build, train
+from .run_folder import RunFolder
 
 REFERENCE = "backprop"
 
@@ -57,6 +59,17 @@ def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] 
     if unknown:
         raise ValueError(f"Unknown rules {unknown}; choose from {sorted(RULES)}")
     rules = [REFERENCE] + [r for r in dict.fromkeys(rules) if r != REFERENCE]
+    with RunFolder(base.out) as top:   # locked while the comparison runs
+        if top.holds_run():   # a comparison keeps its runs in subfolders: this is another command's run
+            if not overwrite:
+                raise RunFolderError(f"{top.path} holds another run (not a comparison); choose another --out for "
+                                     "the comparison, or --overwrite to replace that run")
+            top.refuse_overwrite(True)
+        return _compare(base, rules, options, lrs, progress, log, overwrite)
+
+
+def _compare(base: TrainConfig, rules: list[str], options: dict[str, dict], lrs: dict[str, float], progress: bool,
+             log, overwrite: bool) -> list[dict]:
     out = Path(base.out)
     histories, rows = {}, []
     for name in rules:

@@ -125,6 +125,8 @@ class TrainConfig:
             raise ValueError(f"Invalid val_size: {self.val_size} (must be an integer ≥ 0)")
         if self.dtype not in DTYPES:
             raise ValueError(f"Unknown dtype {self.dtype!r}; choose one of {list(DTYPES)}")
+        if isinstance(self.out, str) and not self.out.strip():
+            raise ValueError(f"Invalid --out {self.out!r}: give a folder name, e.g. --out runs/train")
         if not self.device.startswith(("cpu", "cuda", "mps")):
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
 
