@@ -32,13 +32,13 @@ def active_counts(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> 
         return None
     engaged, total = 0, 0
     for start in range(0, x.shape[0], batch_size):
-        z = x[start:start + batch_size]
+        zs = [x[start:start + batch_size]]
         for link in chain.links[:-1]:
-            a = link.map(z)
+            a = link.pre(zs)
             if link.units is not None:
                 engaged += int(link.units.engaged(a).sum())
                 total += a.numel()
-            z = link.act(a)
+            zs.append(link.act(a))
     return engaged, total
 
 
