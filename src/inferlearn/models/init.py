@@ -2,7 +2,7 @@
 
 Every draw comes from one CPU ``torch.Generator`` seeded with the model's ``seed``, in float64, in the
 order the modules are registered, and is then copied into the parameter: the same seed gives the same
-network on every device and dtype, and torch's global generator is left untouched (as
+network on every device and dtype, whatever the state of torch's global generator (as
 :meth:`inferlearn.models.MLP.reset_parameters`). ``seed=None`` draws from the global generator instead.
 """
 from __future__ import annotations

@@ -9,13 +9,10 @@ With ``H`` hidden layers of width ``N`` (``depth=H``, ``L = H + 1`` weight layer
 
 No biases. The parameterisations (``param=``):
 
-=========  ==============  ===========  ==========================================  ===========
-``param``  weights         ``a_1``      ``a_l`` (hidden)                            ``a_L``
-=========  ==============  ===========  ==========================================  ===========
-``sp``     N(0, 1/fan_in)  1            ``scale`` (default 1)                       1
-``mupc``   N(0, 1)         1/√D         ``scale/√N``, default ``1/√(N L)``;          1/N
-                                        ``1/√N`` for ``plain``
-=========  ==============  ===========  ==========================================  ===========
+| `param` | weights          | `a_1`  | `a_l` (hidden)                                                  | `a_L` |
+|---------|------------------|--------|-----------------------------------------------------------------|-------|
+| `sp`    | `N(0, 1/fan_in)` | 1      | `scale` (default 1)                                             | 1     |
+| `mupc`  | `N(0, 1)`        | `1/√D` | `scale/√N`: default `1/√(N L)`, `1/√N` for `plain`              | `1/N` |
 
 ``scale=1/sqrt(L)`` in ``sp`` is the Depth-μP branch scaling on standard weights; μPC's hidden layers are
 the same at initialisation (``a_l W_l`` has entries of variance ``1/(N L)`` either way), its parameterisation

@@ -4,12 +4,10 @@ Both are plain ``nn.Sequential`` chains (every rule reads them as a chain, and `
 per stage ``Conv3×3 → activation [→ Pool 2×2]``, then ``Flatten → Linear``. Layer sizes for 32×32
 colour images (CIFAR-10/100):
 
-============  =================================================================================  ===========
-model         conv stages: channels (padding), ``P`` = 2×2 pooling after the stage                  classifier
-============  =================================================================================  ===========
-``vgg5``      128 (1) P, 256 (1) P, 512 (1) P, 512 (1) P                   → 512×2×2           Linear(2048, C)
-``vgg7``      128 (1) P, 128 (1), 256 (1) P, 256 (0), 512 (1) P, 512 (0)   → 512×1×1           Linear(512, C)
-============  =================================================================================  ===========
+| model  | conv stages: channels (padding), P = 2×2 pooling after the stage | features  | classifier        |
+|--------|-------------------------------------------------------------------|-----------|-------------------|
+| `vgg5` | 128 (1) P, 256 (1) P, 512 (1) P, 512 (1) P                        | 512×2×2   | `Linear(2048, C)` |
+| `vgg7` | 128 (1) P, 128 (1), 256 (1) P, 256 (0), 512 (1) P, 512 (0)        | 512×1×1   | `Linear(512, C)`  |
 
 References:
     Pinchetti, Qi, Lokshyn, Olivers, Emde, Tang, M'Charrak, Frieder, Menzat, Bogacz, Lukasiewicz, Salvatori,

@@ -5,17 +5,15 @@
 defaults to ``--act``. An unknown name, option or value is refused in one line that names it and lists
 the choices.
 
-============  =====================================================  ==================================
-name          model                                                  options
-============  =====================================================  ==================================
-``pcx-mlp``   PCX's MLP (:func:`~inferlearn.models.pcx_mlp.pcx_mlp`)  width, depth, act
-``vgg5``      PCX's VGG-5 (:func:`~inferlearn.models.vgg.vgg5`)       width, pool, act
-``vgg7``      PCX's VGG-7 (:func:`~inferlearn.models.vgg.vgg7`)       width, pool, act
-``resnet20``  He et al.'s CIFAR ResNet-20                            width, bn, shortcut, act
-``resnet18``  CIFAR-style ResNet-18                                  width, bn, shortcut, act
-``resmlp``    residual MLP, SP or μPC                                depth, width, param, scale, plain,
-              (:class:`~inferlearn.models.residual_mlp.ResidualMLP`)  nodes, act
-============  =====================================================  ==================================
+| name       | model (builder)                                             | options                               |
+|------------|-------------------------------------------------------------|---------------------------------------|
+| `pcx-mlp`  | PCX's MLP (:func:`~inferlearn.models.pcx_mlp.pcx_mlp`)       | `width`, `depth`, `act`               |
+| `vgg5`     | PCX's VGG-5 (:func:`~inferlearn.models.vgg.vgg5`)            | `width`, `pool`, `act`                |
+| `vgg7`     | PCX's VGG-7 (:func:`~inferlearn.models.vgg.vgg7`)            | `width`, `pool`, `act`                |
+| `resnet20` | CIFAR ResNet-20 (:func:`~inferlearn.models.resnet.resnet20`) | `width`, `bn`, `shortcut`, `act`      |
+| `resnet18` | CIFAR ResNet-18 (:func:`~inferlearn.models.resnet.resnet18`) | `width`, `bn`, `shortcut`, `act`      |
+| `resmlp`   | residual MLP (:func:`~inferlearn.models.residual_mlp.resmlp`) | `depth`, `width`, `param`, `scale`, `plain`, |
+|            | in the standard or μPC parameterisation                      | `nodes`, `act`                        |
 
 Every zoo model is a plain ``nn.Module`` that ``torch.fx.symbolic_trace`` traces (no data-dependent
 control flow, one activation module per use, residual sums written with ``+``) and is seeded by ``seed``.
