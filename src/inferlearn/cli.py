@@ -9,7 +9,7 @@ import sys
 import warnings
 
 from . import __version__
-from .errors import DistributedError, InferlearnError
+from .errors import DistributedError, InferlearnError, Interrupted
 
 COMMANDS = [
     "inferlearn.commands.train",
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("WORLD_SIZE", "1") != "1":
             _leave(rc)   # a launched process: skip the process group's destructors (they race at exit)
         return rc
+    except Interrupted as exc:   # the --nproc launcher stopped by a signal: one line with the resume command
+        print(f"inferlearn: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except (InferlearnError, ValueError) as exc:
         launched = os.environ.get("WORLD_SIZE", "1") != "1"
         where = f"process {os.environ.get('RANK', '?')}: " if launched and not isinstance(exc, DistributedError) else ""
@@ -55,7 +58,14 @@ def main(argv: list[str] | None = None) -> int:
             _leave(2)
         return 2
     except KeyboardInterrupt:
-        print("inferlearn: interrupted; resume with --resume OUT_DIR", file=sys.stderr)
+        from .commands.common import resume_hint
+
+        launched = os.environ.get("WORLD_SIZE", "1") != "1"
+        where = f"process {os.environ.get('RANK', '?')}: " if launched else ""
+        hint = resume_hint(args)
+        print(f"inferlearn: {where}interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        if launched:
+            _leave(130)
         return 130
 
 

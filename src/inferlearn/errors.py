@@ -30,6 +30,18 @@ class DistributedError(InferlearnError):
     process group could not be formed."""
 
 
+class Interrupted(InferlearnError):
+    """A run was stopped by a signal (SIGINT, SIGTERM, ...): the message says how to continue it.
+
+    Attributes:
+        signum: the signal's number (the command exits with ``128 + signum``, as a shell does).
+    """
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
 class InferlearnWarning(UserWarning):
     """Base class of inferlearn's warnings (e.g. a solver stopped before its tolerance)."""
 

@@ -81,9 +81,18 @@ def run_parallel(args, out: str) -> int | None:
         return None
     if not args.dist_timeout > 0:
         raise ValueError(f"Invalid --dist-timeout {args.dist_timeout}: must be > 0 seconds")
-    return launch(strip_nproc(args.argv), args.nproc,
-                  resume_hint=f"if the run had started, continue it with `inferlearn {args.command} --resume {out}` "
-                              "(any --nproc)")
+    return launch(strip_nproc(args.argv), args.nproc, resume_hint=resume_hint(args))
+
+
+def resume_hint(args) -> str:
+    """How to continue the run of a stopped command, naming its folder ('' when there is nothing to continue)."""
+    command = getattr(args, "command", None)
+    if command in ("train", "admm"):
+        folder = getattr(args, "resume", None) or getattr(args, "out", None)
+        return f"if the run had started, continue it with `inferlearn {command} --resume {folder}` (any --nproc)"
+    if command == "compare":
+        return f"run the same command again to continue (it resumes the runs in {args.out})"
+    return ""
 
 
 def set_threads(threads: int | None) -> int:

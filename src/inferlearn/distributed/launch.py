@@ -14,7 +14,7 @@ import socket
 import sys
 import uuid
 
-from ..errors import DistributedError
+from ..errors import DistributedError, Interrupted
 
 
 LAUNCHER_PID = "INFERLEARN_LAUNCHER_PID"
@@ -69,19 +69,49 @@ def check_nproc(nproc: int) -> int:
     return nproc
 
 
+def _stop_workers_with_sigterm() -> list[int]:
+    """Make the elastic agent stop its processes with SIGTERM whichever signal stopped the launcher.
+
+    The agent passes the signal it received on to the processes: a Ctrl-C would then make every process
+    print its own "interrupted" line beside the launcher's. Under SIGTERM they end silently, and the
+    launcher prints the one line. Returns the list that records the signals received.
+    """
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import api
+
+    received: list[int] = []
+    original = getattr(api, "_terminate_process_handler", None)
+    if original is None or not hasattr(api, "SignalException"):   # another torch: keep its behaviour
+        return received
+
+    def handler(signum, frame):
+        received.append(signum)
+        raise api.SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.SIGTERM)
+
+    api._terminate_process_handler = handler
+    return received
+
+
 def launch(argv: list[str], nproc: int, resume_hint: str) -> int:
     """Run ``python -m inferlearn *argv`` in ``nproc`` processes on loopback; 0 when all succeeded.
 
     Raises:
         DistributedError: a process failed (the message names the rank, its exit code, and how to resume).
     """
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # the elastic agent logs every step and failure at INFO/ERROR with a traceback; the user
-    # gets our one line instead (each rank prints its own error line)
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+    # the elastic agent logs every step and failure at INFO/ERROR with a traceback (and its modules set
+    # their own loggers' levels); the user gets our one line instead (each rank prints its own error line)
+    for name in ["torch.distributed.elastic", "torch.distributed.launcher",
+                 *[n for n in logging.root.manager.loggerDict if n.startswith(("torch.distributed.elastic",
+                                                                               "torch.distributed.launcher"))]]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    received = _stop_workers_with_sigterm()
     port = free_port()
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port}", rdzv_configs={"timeout": 60},
@@ -91,6 +121,12 @@ def launch(argv: list[str], nproc: int, resume_hint: str) -> int:
     os.environ[LAUNCHER_PID] = str(os.getpid())      # the workers die with this process (die_with_launcher)
     try:
         elastic_launch(config, sys.executable)("-m", "inferlearn", *argv)
+    except SignalException as exc:   # SIGTERM/SIGINT/SIGHUP of the launcher: the agent has stopped the processes
+        signum = received[-1] if received else int(exc.sigval)
+        name = signal.Signals(signum).name
+        raise Interrupted(f"interrupted by {name}" + (f"; {resume_hint}" if resume_hint else ""), signum) from None
+    except KeyboardInterrupt:   # before the agent's handlers were installed
+        raise Interrupted("interrupted" + (f"; {resume_hint}" if resume_hint else ""), signal.SIGINT) from None
     except ChildFailedError as exc:
         parts = []
         for rank, failure in sorted(exc.failures.items()):
