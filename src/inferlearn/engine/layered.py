@@ -461,7 +461,7 @@ class LayeredProblem(BatchProblem):
                 raise ValueError(f"Hidden layer {k} leaves its unit set {self.energy.link(k).units.name}")
 
     def accumulate_weight_grads(self, hidden: Sequence[torch.Tensor], coef: torch.Tensor | float,
-                                layer_scale: Sequence[float] | None = None) -> None:
+                                layer_scale: Sequence[float] | None = None, precise: bool = True) -> None:
         """Add ``Σ_rows coef_i Σ_k s_k w_k ∇_θ T_k(z*_k, A_k(z*_{k-1}))`` to the parameters' ``.grad``.
 
         The envelope theorem: at a minimiser ``z*`` (held fixed, including an eliminated output) the
@@ -471,6 +471,10 @@ class LayeredProblem(BatchProblem):
             hidden: the hidden layers at the minimiser.
             coef: per-row coefficients ``(rows,)`` or a scalar.
             layer_scale: optional ``s_k`` per layer (``k = 1 … L``), e.g. ``1/w_k``; default 1.
+            precise: evaluate the terms of non-``Linear`` maps in float64 when the model is in a lower precision
+                (needed where rows of opposite sign cancel: two-phase contrastive differences); one-phase rules
+                (predictive coding, MAC, LPOM, J0) pass ``False`` and keep the model's dtype, which on a conv net
+                saves most of the weight-gradient time.
         """
         e = self.energy
         with torch.no_grad():
@@ -493,7 +497,7 @@ class LayeredProblem(BatchProblem):
                         if lin.bias is not None:
                             _accumulate(lin.bias, r.sum(0))
                     continue
-                if zs[k].dtype == torch.float64:
+                if zs[k].dtype == torch.float64 or not precise:
                     a = link.pre(zs)
                     t = e.term(k, zs[k], a)
                     total = total + s * ((t * coef).sum() if torch.is_tensor(coef) else coef * t.sum())

@@ -85,5 +85,5 @@ class LiftedJ0(LiftedEnergyRule):
             y = one_hot(labels, output.shape[1], x.dtype)
             problem = free.stacked(1, target=y)
             hidden, info = self._solver.solve(problem)
-            problem.accumulate_weight_grads(hidden, 1.0 / B, self._layer_scale(energy.term_weights))
+            problem.accumulate_weight_grads(hidden, 1.0 / B, self._layer_scale(energy.term_weights), precise=False)
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=info_extras(info))

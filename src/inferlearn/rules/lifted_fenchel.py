@@ -92,6 +92,6 @@ class LiftedFenchel(Rule):
             it = info.iterations
         else:
             hidden, it = problem.forward_state()[0], 0
-        problem.accumulate_weight_grads(hidden, 1.0 / B, [1.0 / w for w in energy.term_weights[1:]])
+        problem.accumulate_weight_grads(hidden, 1.0 / B, [1.0 / w for w in energy.term_weights[1:]], precise=False)
         return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(),
                         extras={"inference_steps": it, "hidden": [h.detach() for h in hidden]})

@@ -182,7 +182,7 @@ class LPOM(Rule):
         hidden, it, move = self.infer(problem, y)
         if self.tol is not None and it:
             finish(self.name, problem, hidden, it, self.tol, "warn", residual=move)
-        problem.accumulate_weight_grads(hidden, 1.0 / B)   # ∇_θ μ Σ_k h_k at the fixed z (the loss has no θ)
+        problem.accumulate_weight_grads(hidden, 1.0 / B, precise=False)   # ∇_θ μ Σ_k h_k at the fixed z (the loss has no θ)
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(),
                         extras={"inference_steps": it, "solver_residual": move,
                                 "hidden": [h.detach() for h in hidden], "output": problem.target.detach()})

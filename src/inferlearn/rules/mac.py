@@ -190,7 +190,7 @@ class MAC(Rule):
         if persist:
             init, warm = self._warm_start(forward, index)
         hidden, info = self._solver.solve(problem, init)                  # Z-step
-        problem.accumulate_weight_grads(hidden, mu / B)                   # W-step gradient: ∇_W E_Q / B
+        problem.accumulate_weight_grads(hidden, mu / B, precise=False)                   # W-step gradient: ∇_W E_Q / B
         check_inference_finite(self.name, chain, hidden, info.iterations, self.step_size)
         if persist:
             for z, h in zip(self._z, hidden):

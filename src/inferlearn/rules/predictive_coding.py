@@ -130,7 +130,7 @@ class PredictiveCoding(Rule):
             problem = free.stacked(1, target=target)
             hidden, info = self._solver.solve(problem)
             it = info.iterations
-            problem.accumulate_weight_grads(hidden, 1.0 / (B * pi))
+            problem.accumulate_weight_grads(hidden, 1.0 / (B * pi), precise=False)
         check_inference_finite(self.name, chain, hidden, it, self.step_size)
         return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(),
                         extras={"inference_steps": it, "hidden": [h.detach() for h in hidden]})
