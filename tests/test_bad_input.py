@@ -62,3 +62,51 @@ def test_empty_batch_is_refused(name):
     """An empty batch used to give NaN, a RuntimeError or a ZeroDivisionError depending on the rule."""
     with pytest.raises(ValueError, match="non-empty batch"):
         make_rule(name).backward(MLP([6, 5, 3]), torch.rand(0, 6), torch.zeros(0, dtype=torch.long))
+
+
+# ---- the Python API cases of issue 22: each one clear ValueError, never a raw torch error ---------------------
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_integer_or_bool_inputs_are_refused(name, dtype):
+    """Two rules failed in torch.finfo with a TypeError."""
+    x = torch.ones(4, 6, dtype=dtype)
+    with pytest.raises(ValueError, match=f"Expected floating-point inputs, got {dtype}"):
+        make_rule(name).backward(MLP([6, 5, 3]), x, torch.tensor([0, 1, 2, 0]))
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_labels_as_a_list_are_refused(name):
+    with pytest.raises(ValueError, match=r"got list; convert them, e.g. torch.as_tensor\(labels\)"):
+        make_rule(name).backward(MLP([6, 5, 3]), torch.rand(4, 6), [0, 1, 2, 0])
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("model", ["frozen", "no parameters"])
+def test_a_model_with_nothing_to_learn_is_refused(name, model):
+    """PC and MAC failed with "stack expects a non-empty TensorList"; the others did nothing, silently."""
+    if model == "frozen":
+        net = MLP([6, 5, 3])
+        for p in net.parameters():
+            p.requires_grad_(False)
+    else:
+        net = torch.nn.Sequential(torch.nn.AdaptiveAvgPool1d(3))
+    with pytest.raises(ValueError, match="has no trainable parameters"):
+        make_rule(name).backward(net, torch.rand(4, 6), torch.tensor([0, 1, 2, 0]))
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_a_non_finite_grad_left_from_before_is_named(name):
+    """PC and MAC blamed their step size for a NaN that was in .grad before they ran."""
+    model = MLP([6, 5, 3])
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    with pytest.raises(ValueError, match=r"already holds NaN or inf before the rule ran; call optimizer.zero_grad"):
+        make_rule(name).backward(model, torch.rand(4, 6), torch.tensor([0, 1, 2, 0]))
+
+
+def test_argmin_layer_input_of_the_wrong_width():
+    from inferlearn.bilevel.layer import ArgminLayer, Box, LeastSquaresEnergy
+
+    layer = ArgminLayer(LeastSquaresEnergy(torch.randn(5, 3)), Box.nonnegative())
+    with pytest.raises(ValueError, match=r"inputs of shapes \(4, 6\) do not fit its energy LeastSquaresEnergy"):
+        layer(torch.randn(4, 6))

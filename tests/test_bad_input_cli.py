@@ -3,7 +3,9 @@ and what to do), never a traceback. Each row is (arguments, the fragment the mes
 
 Placeholders name run folders the fixture prepares: RUN (a finished train run), ADMMRUN (a finished
 admm run), EMPTY (an empty folder), BADJSON (a truncated config.json), BADCKPT (a damaged checkpoint),
-BADCFG (a config.json with an invalid value).
+BADCFG (a config.json with an invalid value), OTHERARCH (a run whose checkpoint was written for another
+architecture). ``bad_models:NAME`` are user model builders that fail in the ways a user's can
+(``tests/bad_models.py``). A refused new run leaves no output folder behind.
 """
 import contextlib
 import io
@@ -57,6 +59,8 @@ CASES = [
  (T + ["--limit-train", "-1"], "Invalid limit_train: -1"),
  (T + ["--seed", "-1"], "Invalid seed: -1"),
  (T + ["--seed", "1.5"], "invalid int value: '1.5'"),
+ (T + ["--seed", "1180591620717411303424"], "Invalid seed: 1180591620717411303424 (must be an integer in 0 …"),
+ (A + ["--seed", "1180591620717411303424"], "Invalid --seed 1180591620717411303424"),
  (T + ["--init-scale", "0"], "Invalid init_scale: 0"),
  (T + ["--init-scale", "nan"], "Invalid init_scale: nan"),
  (T + ["--lr-schedule", "cosine"], "Invalid lr schedule 'cosine'"),
@@ -71,6 +75,18 @@ CASES = [
  (T + ["--data-dir", "/nonexistent"], "--data-dir /nonexistent is not a folder"),
  (T + ["--out", "/etc/passwd"], "is a file"),
  (T + ["--out", "/proc/nope/x"], "Cannot write to output folder"),
+ (T + ["--tensorboard", "/proc/nope/tb"], "Cannot write TensorBoard logs to /proc/nope/tb"),
+ (T + ["--tensorboard", "/etc/passwd"], "--tensorboard /etc/passwd is a file"),
+ (C + ["--tensorboard", "/etc/passwd"], "--tensorboard /etc/passwd is a file"),
+ (A + ["--tensorboard", "/etc/passwd"], "--tensorboard /etc/passwd is a file"),
+ # the user's own model
+ (T + ["--arch", "bad_models:raising"], "Building the model 'bad_models:raising' failed: RuntimeError: my builder"),
+ (T + ["--arch", "bad_models:forward_raises"], "The model 'bad_models:forward_raises' fails on digits inputs"),
+ (T + ["--arch", "bad_models:wrong_width"], "The model 'bad_models:wrong_width' fails on digits inputs of shape (2, 64)"),
+ (T + ["--arch", "bad_models:wrong_outputs"], "to (2, 7); expected (batch, 10)"),
+ (T + ["--arch", "bad_models:on_meta"], "has tensors on the meta device"),
+ (T + ["--arch", "bad_models:frozen"], "has no trainable parameters"),
+ (T + ["--arch", "bad_models:no_parameters", "--rule", "pc"], "has no trainable parameters"),
  # rules and options
  (T + ["--rule", "nope"], "Unknown rule 'nope'"),
  (T + ["--rule", ""], "Unknown rule ''"),
@@ -126,6 +142,8 @@ CASES = [
  (["train", "--resume", "BADCKPT", "--epochs", "3"], "is damaged"),
  (["train", "--resume", "ADMMRUN"], "not the config of an `inferlearn train` run"),
  (["train", "--resume", "BADCFG"], "holds invalid settings"),
+ (["train", "--resume", "OTHERARCH", "--epochs", "2"], "does not fit the model '64-8-10' builds now (size mismatch"),
+ (["train", "--resume", "RUN", "--epochs", "2", "--tensorboard", "/etc/passwd"], "--tensorboard /etc/passwd is a file"),
  (T + ["--out", "RUN"], "already holds a run"),
  # compare
  (C + ["--rules", "backprop,nope"], "Unknown rules ['nope']"),
@@ -135,6 +153,8 @@ CASES = [
  (C + ["--rule-lr", "backprop=abc"], "Invalid --rule-lr 'backprop=abc'"),
  (C + ["--rule-lr", "backprop"], "Invalid --rule-lr 'backprop'"),
  (C + ["--rule-lr", "backprop=-1"], "Invalid learning rate"),
+ (C + ["--rules", "contrastive", "--rule-lr", "pc=0.1"], "--rule-lr names pc, which is not compared"),
+ (C + ["--rules", "contrastive", "--rule-opt", "pc.steps=5"], "--rule-opt names pc, which is not compared"),
  (C + ["--out", "RUN"], "holds another run (not a comparison)"),
  (C + ["--out", "ADMMRUN"], "holds another run (not a comparison)"),
  (C + ["--out", ""], "Invalid --out ''"),
@@ -144,6 +164,9 @@ CASES = [
  (["admm", "--resume", ""], "Invalid --resume ''"),
  # admm
  (A + ["--split", "abc"], "Invalid --split 'abc'"),
+ (A + ["--arch", "conv:abc"], "Invalid --arch 'conv:abc'"),
+ (A + ["--arch", "conv:4-0"], "Invalid --arch 'conv:4-0'"),
+ (A + ["--limit-train", "0"], "Invalid --limit-train 0"),
  (A + ["--split", "99"], "Invalid split point 99"),
  (A + ["--epochs", "0"], "Invalid --epochs 0"),
  (A + ["--act", "softmax"], "Unknown activation 'softmax'"),
@@ -169,9 +192,11 @@ CASES = [
  (["data", "fetch", "imagenet"], "Unknown dataset 'imagenet'"),
  (["data", "list", "--data-dir", "/nonexistent"], "--data-dir /nonexistent is not a folder"),
  (["reproduce", "lifted", "--table", "9"], "argument --table: invalid choice: 9"),
+ (["reproduce", "lifted", "--table", "1", "--figure", "1"], "--table and --figure given together"),
+ (["reproduce", "lifted", "--table", "1", "--duality"], "--table and --duality given together"),
 ]
 
-FOLDERS = ("RUN", "EMPTY", "BADJSON", "BADCKPT", "ADMMRUN", "BADCFG")
+FOLDERS = ("RUN", "EMPTY", "BADJSON", "BADCKPT", "ADMMRUN", "BADCFG", "OTHERARCH")
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +206,11 @@ def folders(tmp_path_factory):
         assert main([*T, "--out", str(root / "RUN")]) == 0
         assert main([*A, "--out", str(root / "ADMMRUN")]) == 0
     (root / "EMPTY").mkdir()
-    for name in ("BADJSON", "BADCKPT", "BADCFG"):
+    for name in ("BADJSON", "BADCKPT", "BADCFG", "OTHERARCH"):
         shutil.copytree(root / "RUN", root / name)
+    (root / "OTHERARCH" / ".lock").unlink(missing_ok=True)
+    cfg = json.loads((root / "OTHERARCH" / "config.json").read_text())
+    (root / "OTHERARCH" / "config.json").write_text(json.dumps(cfg | {"arch": "64-8-10"}))
     (root / "BADJSON" / "config.json").write_text("{")
     (root / "BADCKPT" / "checkpoint.pt").write_bytes(b"xx")
     cfg = json.loads((root / "BADCFG" / "config.json").read_text())
@@ -193,7 +221,8 @@ def folders(tmp_path_factory):
 @pytest.mark.parametrize("args, fragment", CASES, ids=[f"{i}:{' '.join(c[0][-2:])}" for i, c in enumerate(CASES)])
 def test_bad_input_gives_one_clear_line(folders, tmp_path, args, fragment):
     args = [str(folders / a) if a in FOLDERS else a for a in args]
-    if args[0] in ("train", "admm", "compare") and "--out" not in args and "--resume" not in args:
+    new_out = args[0] in ("train", "admm", "compare") and "--out" not in args and "--resume" not in args
+    if new_out:
         args += ["--out", str(tmp_path / "out")]
     err = io.StringIO()
     try:
@@ -206,6 +235,7 @@ def test_bad_input_gives_one_clear_line(folders, tmp_path, args, fragment):
     assert "Traceback" not in text
     assert fragment in text, text
     assert text.strip().splitlines()[-1].startswith(("inferlearn: error:", "inferlearn ", "usage:")), text
+    assert not (new_out and (tmp_path / "out").exists()), f"a refused run left {tmp_path / 'out'} behind"
 
 
 def test_compare_into_another_run_changes_nothing(folders):

@@ -14,6 +14,9 @@ LOSSES = ("quadratic", "cross-entropy")
 def check_labels(labels: torch.Tensor, n_classes: int | None, batch: int | None = None) -> None:
     """Raise ``ValueError`` unless ``labels`` is a 1-D integer tensor with values in ``[0, n_classes)``
     (only ``≥ 0`` when ``n_classes`` is ``None``)."""
+    if not torch.is_tensor(labels):
+        raise ValueError(f"Expected a 1-D integer tensor of class labels, got {type(labels).__name__}; convert them, "
+                         "e.g. torch.as_tensor(labels)")
     if labels.dim() != 1 or labels.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
         raise ValueError(f"Expected a 1-D integer tensor of class labels, got shape {tuple(labels.shape)} dtype {labels.dtype}")
     if batch is not None and labels.shape[0] != batch:

@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import DivergenceError
+from ..errors import DivergenceError, RunFolderError
 from ..training.run_folder import RunFolder
 from ..losses import one_hot
 from .nmf import NMF, nnls_gram
@@ -981,7 +981,13 @@ def _train_admm(trainer: BlockADMM, data: RunData, epochs: int, folder: RunFolde
             ckpt = folder.load_checkpoint(note=log)
             if ckpt is None:
                 raise FileNotFoundError(f"--resume: no checkpoint at {folder.checkpoint_path}")
-            trainer.load_state_dict(ckpt["state"])
+            try:
+                trainer.load_state_dict(ckpt["state"])
+            except (RuntimeError, KeyError) as exc:   # blocks of another shape (ValueErrors already say what)
+                detail = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                raise RunFolderError(f"{folder.checkpoint_path} does not fit this run's blocks "
+                                     f"({(detail[1] if len(detail) > 1 else detail[0] if detail else type(exc).__name__)[:200]}); "
+                                     "resume with the settings that wrote it, or start again with --overwrite") from None
             history = [m for m in ckpt["history"] if m["epoch"] <= trainer.iteration]
         if hasattr(trainer, "group"):
             trainer.group.barrier()   # every rank has read the checkpoint before rank 0 writes

@@ -558,7 +558,16 @@ class ArgminLayer(nn.Module):
             if x.is_floating_point() and not torch.isfinite(x).all():
                 raise ValueError("ArgminLayer input contains NaN or inf values")
         params = tuple(self.energy.parameters_for_grad())
-        return _ArgminFunction.apply(self, len(inputs), init, *inputs, *params)
+        try:
+            return _ArgminFunction.apply(self, len(inputs), init, *inputs, *params)
+        except RuntimeError as exc:
+            text = str(exc)
+            if not any(k in text for k in ("must match the size", "shapes cannot be multiplied", "size mismatch",
+                                           "broadcast", "Expected size")):
+                raise
+            shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
+            raise ValueError(f"ArgminLayer inputs of shapes {shapes} do not fit its energy {type(self.energy).__name__} "
+                             f"({text.splitlines()[0][:200]}); check the inputs' widths") from None
 
     # -- backward ----------------------------------------------------------------------------------
     def _beta_rows(self, z: torch.Tensor) -> float:

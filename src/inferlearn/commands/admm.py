@@ -23,8 +23,8 @@ from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net,
 from ..data import DATASETS, load_dataset
 from ..training.run_folder import RunFolder
 from ..distributed import check_nproc, join, world_from_env
-from .common import (add_parallel_options, add_threads_option, check_data_dir, check_device, explicit_options,
-                     remember_defaults, run_parallel, set_threads)
+from .common import (add_parallel_options, add_threads_option, check_data_dir, check_device, check_tensorboard,
+                     explicit_options, remember_defaults, run_parallel, set_threads)
 from ..admm.nmf import NMF
 
 RUN_KEYS = ("data", "arch", "act", "split", "mode", "batch_size", "optimizer", "lr", "momentum", "beta", "zeta",
@@ -101,7 +101,13 @@ def _floats(text: str, option: str = "value") -> float | list[float]:
 def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
     """The network of ``--arch`` split at ``--split``, with an NMF module if ``--nmf-rank`` is set."""
     if args.arch.startswith("conv"):
-        chans = [int(c) for c in args.arch.split(":", 1)[1].split("-")] if ":" in args.arch else [16, 32]
+        try:
+            chans = [int(c) for c in args.arch.split(":", 1)[1].split("-")] if ":" in args.arch else [16, 32]
+        except ValueError:
+            chans = []
+        if not chans or min(chans) < 1:
+            raise ValueError(f"Invalid --arch {args.arch!r}: expected conv:C1-C2 with positive channel counts, "
+                             "e.g. conv:16-32") from None
         C, H, _ = image_shape
         net = conv_net(chans, n_classes, in_channels=C, image_size=H, act=args.act, seed=args.seed)
     else:
@@ -172,6 +178,16 @@ def run(args) -> int:
             resume = False
     if not args.out:
         raise ValueError("Invalid --out '': give a folder name, e.g. --out runs/admm")
+    # checked before the run folder is created: a refused command writes nothing
+    if args.epochs is not None and args.epochs < 1:
+        raise ValueError(f"Invalid --epochs {args.epochs}: must be ≥ 1")
+    if args.limit_train is not None and args.limit_train < 1:
+        raise ValueError(f"Invalid --limit-train {args.limit_train}: must be ≥ 1 (or leave it out for every sample)")
+    if not 0 <= args.seed < 2 ** 63:   # torch's generators take 64-bit seeds
+        raise ValueError(f"Invalid --seed {args.seed}: must be an integer in 0 … 2**63 - 1")
+    check_device(args.device)
+    check_data_dir(args.data_dir)
+    check_tensorboard(args.tensorboard)
     # this process (one-process run, or the launcher of a --nproc run) locks the folder for the whole run;
     # in a launched run rank 0 alone checks (and writes), under its launcher's lock
     held = RunFolder(args.out) if os.environ.get("RANK", "0") == "0" else None
@@ -196,8 +212,6 @@ def _run(args, resume: bool, held: RunFolder | None) -> int:
     args.epochs = 10 if args.epochs is None else args.epochs
     if args.epochs < 1:
         raise ValueError(f"Invalid --epochs {args.epochs}: must be ≥ 1")
-    check_device(args.device)
-    check_data_dir(args.data_dir)
     ds = load_dataset(args.data, data_dir=args.data_dir, allow_unverified=args.allow_unverified)
     shape = tuple(ds.image_shape)
     tx, ty = ds.train_x, ds.train_y

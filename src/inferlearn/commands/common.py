@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -120,6 +121,26 @@ def check_device(device: str) -> None:
         raise ValueError(f"Device {device!r} requested but CUDA is not available; use --device cpu")
 
 
+def check_tensorboard(folder: str | None) -> None:
+    """Raise ``ValueError`` when ``--tensorboard`` names a folder that cannot be written (a file, /proc/...),
+    before the run writes anything."""
+    if folder is None:
+        return
+    if not str(folder).strip():
+        raise ValueError("Invalid --tensorboard '': give a folder, e.g. --tensorboard runs/tb")
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--tensorboard {folder} is a file; give a folder for the TensorBoard logs")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"Cannot write TensorBoard logs to {folder} ({exc.strerror}); choose another "
+                         "--tensorboard") from None
+
+
 def check_data_dir(data_dir: str | None) -> None:
     """Raise ``ValueError`` when ``--data-dir`` names a folder that does not exist."""
     if data_dir is not None and not Path(data_dir).is_dir():
@@ -144,10 +165,12 @@ def config_from_args(args, **overrides) -> TrainConfig:
     set_threads(args.threads)
     check_device(args.device)
     check_data_dir(args.data_dir)
-    return TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
+    config = TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
                        optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, dtype=args.dtype, out=args.out, data_dir=args.data_dir,
                        limit_train=args.limit_train, val_size=args.val_size, allow_unverified=args.allow_unverified,
                        tensorboard=args.tensorboard, threads=torch.get_num_threads(),
                        dist_timeout=getattr(args, "dist_timeout", 120.0), compile=getattr(args, "compile", "auto"),
                        **overrides)
+    check_tensorboard(config.tensorboard)   # after the config's own checks: nothing is written for a bad run
+    return config

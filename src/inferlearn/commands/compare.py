@@ -34,8 +34,16 @@ def run(args) -> int:
             raise ValueError(f"Invalid --rule-lr {item!r}: expected RULE=LR, e.g. contrastive=0.05") from None
         if not (lrs[rule] > 0 and lrs[rule] < float("inf")):
             raise ValueError(f"Invalid learning rate: {lrs[rule]} in --rule-lr {item!r}")
+    compared = set(rules) | {"backprop"}   # back-propagation always runs, as the reference
+    options = parse_rule_options(args.rule_opt)
+    for flag, named in (("--rule-lr", lrs), ("--rule-opt", options)):
+        idle = sorted(r for r in named if r not in compared)
+        if idle:
+            raise ValueError(f"{flag} names {', '.join(idle)}, which {'is' if len(idle) == 1 else 'are'} not compared "
+                             f"(--rules {args.rules}); add {'it' if len(idle) == 1 else 'them'} to --rules or drop "
+                             f"that {flag}")
     base = config_from_args(args)
-    compare_rules(base, rules, parse_rule_options(args.rule_opt), lrs, progress=not args.quiet,
+    compare_rules(base, rules, options, lrs, progress=not args.quiet,
                   log=None if args.quiet else print, overwrite=args.overwrite)
     print((__import__("pathlib").Path(base.out) / "comparison.md").read_text())
     print(f"plots: {base.out}/curves.png")

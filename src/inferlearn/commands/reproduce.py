@@ -48,6 +48,11 @@ def register(sub) -> None:
 
 def run(args) -> int:
     set_threads(args.threads)
+    modes = [flag for flag, given in (("--table", args.table is not None), ("--figure", args.figure is not None),
+                                      ("--alignment", args.alignment), ("--duality", args.duality)) if given]
+    if len(modes) > 1:   # one of them used to be dropped silently
+        raise ValueError(f"{' and '.join(modes)} given together; reproduce one at a time: --table N, --figure 1, "
+                         "--alignment or --duality")
     args.gamma = _gamma(args.gamma, "--gamma")
     if args.alignment:
         from pathlib import Path

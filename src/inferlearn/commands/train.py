@@ -11,8 +11,8 @@ from ..training.config import TrainConfig
 from ..training.loop import load_config, train
 from ..distributed import check_nproc, world_from_env
 from ..training.run_folder import RunFolder
-from .common import (add_parallel_options, add_training_options, check_device, config_from_args, explicit_options,
-                     remember_defaults, run_parallel, set_threads)
+from .common import (add_parallel_options, add_training_options, check_device, check_tensorboard, config_from_args,
+                     explicit_options, remember_defaults, run_parallel, set_threads)
 
 # what may accompany --resume: the run's length, where it runs, and how much it prints
 RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads", "compile", "nproc", "dist_timeout"}
@@ -49,6 +49,7 @@ def run(args) -> int:
         if "device" in explicit_options(args):
             config = config.replace(device=args.device)
         if args.tensorboard:
+            check_tensorboard(args.tensorboard)
             config = config.replace(tensorboard=args.tensorboard)
         if "compile" in explicit_options(args):
             config = config.replace(compile=args.compile)

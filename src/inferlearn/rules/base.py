@@ -110,6 +110,16 @@ class Rule(abc.ABC):
         if not torch.is_tensor(x) or x.dim() < 2 or x.shape[0] == 0:
             raise ValueError(f"Expected a non-empty batch of inputs (batch, features...), got "
                              f"{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}")
+        if not x.is_floating_point():
+            raise ValueError(f"Expected floating-point inputs, got {x.dtype}; convert them, e.g. x.float()")
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"{type(model).__name__} has no trainable parameters (none, or all with "
+                             "requires_grad=False): there is nothing for the rule to learn")
+        held = [p.grad for p in params if p.grad is not None]   # gradients accumulate into .grad
+        if held and not bool(torch.isfinite(torch.stack([g.sum() for g in held]).sum())):
+            raise ValueError(".grad of the model's parameters already holds NaN or inf before the rule ran; call "
+                             "optimizer.zero_grad() before rule.backward")
         if hasattr(model, "check_input"):
             model.check_input(x)
         elif not has_only_finite(x):

@@ -59,6 +59,8 @@ def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] 
     if unknown:
         raise ValueError(f"Unknown rules {unknown}; choose from {sorted(RULES)}")
     rules = [REFERENCE] + [r for r in dict.fromkeys(rules) if r != REFERENCE]
+    for name in rules:   # every rule's options are checked before the first one trains
+        make_rule(name, options.get(name, {}))
     with RunFolder(base.out) as top:   # locked while the comparison runs
         if top.holds_run():   # a comparison keeps its runs in subfolders: this is another command's run
             if not overwrite:

@@ -13,6 +13,9 @@ from .schedules import check_schedule
 
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
+#: the largest seed: each epoch's batch order is seeded with ``seed · 100003 + epoch``, which torch's
+#: generators take up to 2**64 - 1
+MAX_SEED = 2 ** 47 - 1
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,8 @@ class TrainConfig:
                 raise ValueError(f"Invalid {name}: {getattr(self, name)} (must be ≥ 1)")
         if not (self.divergence_factor > 1):
             raise ValueError(f"Invalid divergence_factor: {self.divergence_factor} (must be > 1)")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"Invalid seed: {self.seed} (must be an integer ≥ 0)")
+        if not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"Invalid seed: {self.seed} (must be an integer in 0 … {MAX_SEED})")
         if not isinstance(self.nproc, int) or self.nproc < 1:
             raise ValueError(f"Invalid nproc: {self.nproc} (must be an integer ≥ 1)")
         if not (isinstance(self.dist_timeout, (int, float)) and self.dist_timeout > 0):

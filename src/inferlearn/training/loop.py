@@ -36,7 +36,7 @@ from ..data import Dataset, load_dataset
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
 from ..engine.compiled import compile_seconds, compiling
-from ..errors import DivergenceError, RunFolderError
+from ..errors import DivergenceError, InferlearnError, RunFolderError
 from ..losses import quadratic_loss, one_hot
 from ..models import build_model
 from ..rules import Rule, make_rule
@@ -87,10 +87,23 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
     data = load_dataset(config.data, config.data_dir, allow_unverified=config.allow_unverified)
     rule = make_rule(config.rule, config.rule_options)
     device, dtype = torch.device(config.device), getattr(torch, config.dtype)
-    model = build_model(config.arch, config.act, data.n_features, data.n_classes, data.image_shape,
-                        seed=config.seed, init_scale=config.init_scale, data_name=data.name).to(device, dtype)
+    try:
+        model = build_model(config.arch, config.act, data.n_features, data.n_classes, data.image_shape,
+                            seed=config.seed, init_scale=config.init_scale, data_name=data.name)
+    except (InferlearnError, ValueError):
+        raise
+    except Exception as exc:   # a user's builder (package.module:function) that raises
+        raise ValueError(f"Building the model {config.arch!r} failed: {_first_line(exc)}") from None
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        raise ValueError(f"The model {config.arch!r} has tensors on the meta device (shapes without values); build it "
+                         "with real tensors (e.g. not under torch.device('meta'))")
+    model = model.to(device, dtype)
     fit, val = split_train(data.train_x.shape[0], config.val_size, config.limit_train, data.name)
+    check_forward(model, data.train_x[:2].to(device, dtype), data.n_classes, config.arch, data.name)
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"The model {config.arch!r} has no trainable parameters (none, or all with "
+                         "requires_grad=False): there is nothing to train")
     if config.optimizer == "sgd":
         opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
     else:
@@ -100,6 +113,30 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
     return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[fit].to(device, dtype),
                  data.train_y[fit].to(device), data.test_x.to(device, dtype), data.test_y.to(device), val_x=val_x, val_y=val_y,
                  group=group or Group())
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+
+
+@torch.no_grad()
+def check_forward(model: torch.nn.Module, x: torch.Tensor, n_classes: int, arch: str, data_name: str) -> None:
+    """Run the model once (in eval mode) on two inputs: a model that fails on the data, or gives outputs
+    of the wrong shape, is refused in one line that says it is the model (not the rule) that failed."""
+    was = model.training
+    model.eval()
+    try:
+        out = model(x)
+    except Exception as exc:
+        raise ValueError(f"The model {arch!r} fails on {data_name} inputs of shape {tuple(x.shape)} "
+                         f"({_first_line(exc)}); check that it fits the data") from None
+    finally:
+        model.train(was)
+    if not torch.is_tensor(out) or out.dim() != 2 or out.shape[1] != n_classes:
+        got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
+        raise ValueError(f"The model {arch!r} maps {data_name} inputs of shape {tuple(x.shape)} to {got}; expected "
+                         f"(batch, {n_classes}): one output per class")
 
 
 def batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -233,6 +270,10 @@ def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log,
     try:
         group.barrier()
         return _train_in(folder, config, group, progress, resume, log, overwrite)
+    except BaseException:
+        if group.is_main and not resume:
+            folder.discard_unstarted()
+        raise
     finally:
         folder.close()
 
@@ -251,8 +292,15 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
     if resume and ckpt is None and log:
         log(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
     if ckpt is not None:
-        s.model.load_state_dict(ckpt["model"])
-        s.optimizer.load_state_dict(ckpt["optimizer"])
+        try:
+            s.model.load_state_dict(ckpt["model"])
+            s.optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:   # size mismatch, missing keys, other groups
+            detail = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            raise RunFolderError(f"{folder.checkpoint_path} does not fit the model {config.arch!r} builds now "
+                                 f"({(detail[1] if len(detail) > 1 else detail[0] if detail else type(exc).__name__)[:200]}): "
+                                 "it was written for another model (a changed builder, or one that ignores the seed?); "
+                                 "resume with the model that wrote it, or start again with --overwrite") from None
         if "scheduler" in ckpt:
             s.scheduler.load_state_dict(ckpt["scheduler"])
         s.rule.load_state_dict(ckpt.get("rule_state", {}))

@@ -184,12 +184,14 @@ class RunFolder:
             raise RunFolderError(f"Invalid output folder {path!r}: give a folder name, e.g. --out runs/train")
         self.path = Path(path)
         self._lock: str | None = None
+        self._created = False
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"Output folder {self.path} is a file; choose another --out")
         self.removed_temporaries: list[str] = []
         if not writer:   # another process of a parallel run writes the folder: only read it
             return
         try:
+            self._created = not self.path.exists()
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock = lock_folder(self.path)
             probe = self.path / f".write-test.{os.getpid()}"
@@ -200,8 +202,16 @@ class RunFolder:
         self.removed_temporaries = self._clean_temporaries()
 
     def close(self) -> None:
-        """Release this object's hold on the folder's lock (idempotent)."""
+        """Release this object's hold on the folder's lock (idempotent). A folder this object created and
+        nothing was written to (the run was refused or failed first) is removed: nothing is left behind."""
         key, self._lock = self._lock, None
+        if key is not None and self._created and _HELD.get(key, [0, 0])[1] == 1:
+            try:   # still locked: nobody else writes here; rmdir only succeeds on an empty folder
+                if {p.name for p in self.path.iterdir()} <= {LOCK}:
+                    (self.path / LOCK).unlink(missing_ok=True)
+                    self.path.rmdir()
+            except OSError:
+                pass
         unlock_folder(key)
 
     def __enter__(self) -> "RunFolder":
@@ -226,6 +236,15 @@ class RunFolder:
             except OSError:
                 pass
         return removed
+
+    def discard_unstarted(self) -> None:
+        """Remove the config and empty metrics of a new run that failed before its first epoch was recorded
+        (a rule that refuses the model at its first step): a refused run leaves nothing behind."""
+        metrics = self.path / METRICS
+        if self.checkpoint_path.exists() or (metrics.exists() and metrics.stat().st_size > 0):
+            return
+        for f in (CONFIG, METRICS):
+            (self.path / f).unlink(missing_ok=True)
 
     def holds_run(self) -> bool:
         """True when the folder holds (part of) a run: a config, metrics or a checkpoint."""

@@ -54,7 +54,11 @@ class TensorBoardLogger:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise RunFolderError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        try:
+            self.writer = SummaryWriter(log_dir=str(log_dir))
+        except OSError as exc:   # a file, /proc/..., a read-only place
+            raise RunFolderError(f"Cannot write TensorBoard logs to {log_dir} ({exc.strerror}); choose another "
+                                 "--tensorboard") from None
         self.image_shape = tuple(image_shape)
 
     def log_epoch(self, record: dict, modules: Iterable[nn.Module]) -> None:

@@ -1,0 +1,45 @@
+"""Model builders that are wrong in the ways a user's can be (``--arch bad_models:NAME``), for the bad-input
+tables: each must be refused in one line that says it is the model."""
+import torch
+from torch import nn
+
+
+def raising():
+    raise RuntimeError("my builder is broken")
+
+
+class _Raises(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 10)
+
+    def forward(self, x):
+        raise KeyError("my forward is broken")
+
+
+def forward_raises():
+    return _Raises()
+
+
+def wrong_width():
+    return nn.Sequential(nn.Linear(100, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def wrong_outputs():
+    return nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 7))
+
+
+def on_meta():
+    with torch.device("meta"):
+        return nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def frozen():
+    model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def no_parameters():
+    return nn.Sequential(nn.Flatten(), nn.AdaptiveAvgPool1d(10))   # (batch, 64) -> (batch, 10), nothing to learn
