@@ -10,6 +10,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SMALL = {
     "pc_conv.py": ["--data", "digits", "--epochs", "1", "--limit", "200"],
+    "pc_resnet.py": ["--data", "digits", "--epochs", "1", "--limit", "200"],
     "admm_nmf.py": ["--epochs", "1"],
     "nnls_layer.py": ["--epochs", "1"],
     "bilevel_ridge.py": [],

@@ -31,14 +31,18 @@ def active_counts(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> 
     except (ValueError, TypeError):
         return None
     engaged, total = 0, 0
+    last = [max((c for c, _ in chain.children[k]), default=0) for k in range(chain.depth + 1)]   # last reader
     for start in range(0, x.shape[0], batch_size):
         zs = [x[start:start + batch_size]]
-        for link in chain.links[:-1]:
+        for k, link in enumerate(chain.links[:-1], start=1):
             a = link.pre(zs)
             if link.units is not None:
                 engaged += int(link.units.engaged(a).sum())
                 total += a.numel()
             zs.append(link.act(a))
+            for j in link.sources:   # drop the values no later node reads (a deep net's batch stays small)
+                if last[j] <= k:
+                    zs[j] = None
     return engaged, total
 
 

@@ -25,7 +25,8 @@ class TrainConfig:
     Attributes:
         data: data set name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``).
         arch: ``784-64-64-64-10`` (an MLP; the first and last widths must match the data),
-            ``conv:16-32/64`` (a conv net) or ``package.module:function`` (your own model); see
+            ``conv:16-32/64`` (a conv net), a zoo model (``vgg5``, ``resnet20:width=0.5``,
+            ``resmlp:depth=64,param=mupc``, ...) or ``package.module:function`` (your own model); see
             :func:`inferlearn.models.build_model`.
         act: hidden unit type (``relu``, ``hard-sigmoid``, ``hard-tanh``, ``linear``).
         rule: learning rule name (see ``inferlearn.rules.RULES``).
