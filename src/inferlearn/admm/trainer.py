@@ -938,7 +938,8 @@ def evaluate(trainer: BlockADMM, x: torch.Tensor, y: torch.Tensor) -> dict:
 
 def train_admm(trainer: BlockADMM, data: RunData, epochs: int, out: str | os.PathLike | None = None,
                resume: bool = False, progress: bool = True, run_config: dict | None = None,
-               eval_train_limit: int = 10000, log=None, tensorboard: str | None = None) -> list[dict]:
+               eval_train_limit: int = 10000, log: Callable[[str], None] | None = None,
+               tensorboard: str | None = None) -> list[dict]:
     """Train for ``epochs`` outer iterations into the run folder of ``inferlearn train``
     (:class:`~inferlearn.training.run_folder.RunFolder`).
 

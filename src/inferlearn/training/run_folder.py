@@ -35,6 +35,7 @@ import json
 import pickle
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -274,7 +275,7 @@ class RunFolder:
     def checkpoint_path(self) -> Path:
         return self.path / CHECKPOINT
 
-    def load_checkpoint(self, map_location=None, note=None) -> dict | None:
+    def load_checkpoint(self, map_location=None, note: Callable[[str], None] | None = None) -> dict | None:
         """The last checkpoint (``{"state": …, "history": […], …}``, its checksum verified and removed) or
         ``None`` if there is none.
 
