@@ -51,6 +51,16 @@ def test_readme_example_runs():
     exec(compile(code, "README.md", "exec"), {})
 
 
+def test_readme_first_commands_install_and_run_the_main_job_then_the_tests():
+    """A newcomer's first two commands: the one that installs and runs the main job, the one that tests."""
+    import re
+    first = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in first.splitlines() if line.strip()]
+    assert commands[:2] == ["./scripts/demo.sh", "./scripts/test.sh"], commands
+    for script in commands[:2]:   # each installs first
+        assert "./scripts/setup.sh" in (ROOT / script).read_text(), script
+
+
 def test_readme_links_resolve():
     """The README is not part of the site, so the strict build does not check its links: check them here."""
     import re
