@@ -60,6 +60,22 @@ from ..units import Clamp, UnitSet
 from .base import Rule, StepInfo, check_positive, register_rule
 
 
+def fenchel_difference(f: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor, g: torch.Tensor,
+                       beta: float) -> torch.Tensor:
+    """``(f(a) − f(a − βg)) / β`` resolved relative to its own size (the differential form).
+
+    In float32 the nudge ``βg`` drowns in the rounding of ``a`` once ``β|g| ≲ ε|a|`` (measured on the MNIST
+    MLP: 10.6 % gradient error at β = 1e-6, 0.1 % at 1e-4). The difference of the two activations is therefore
+    formed in float64 from the float32 ``a`` and ``g`` (element-wise, cheap beside the layer maps) and only the
+    result ``δ`` is rounded back: ``δ`` then carries the relative precision of the dtype for every β the
+    float64 range resolves.
+    """
+    if a.dtype == torch.float64:
+        return (f(a) - f(a - beta * g)) / beta
+    a64, g64 = a.double(), g.double()
+    return ((f(a64) - f(a64 - beta * g64)) / beta).to(a.dtype)
+
+
 class _FenchelFn(torch.autograd.Function):
     """``y = f(a)``; backward ``δ = (f(a) − f(a − β' g))/β'`` with ``β' = β · batch`` (per-sample β)."""
 
@@ -75,7 +91,7 @@ class _FenchelFn(torch.autograd.Function):
         (a,) = ctx.saved_tensors
         b = ctx.beta * (a.shape[0] if a.dim() > 1 else 1)
         with torch.no_grad():
-            delta = (ctx.f(a) - ctx.f(a - b * g)) / b
+            delta = fenchel_difference(ctx.f, a, g, b)
         return delta, None, None
 
 
@@ -331,12 +347,15 @@ def _graph_forward(graph, x: torch.Tensor, betas: float | Sequence[float]) -> to
 
 
 def _fenchel_local(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
-    """``δ = (z − Π_C(a − βg))/β`` with the forward ``z = Π_C(a)``.
+    """``δ = (z − Π_C(a − βg))/β`` with the forward ``z = Π_C(a)``, in float64 below float64
+    (:func:`fenchel_difference`: the differential form).
 
     Written ``a − β·g`` rather than ``torch.add(a, g, alpha=−β)``: torch 2.13's inductor folds the latter, with
     ``g`` a matrix product, into an ``addmm`` that drops ``alpha`` (wrong compiled gradients; the compiled
     step is tested equal to the eager one in ``tests/test_compiled.py``)."""
-    return z.sub(units.project(a - beta * g)).div_(beta)
+    if a.dtype == torch.float64:
+        return z.sub(units.project(a - beta * g)).div_(beta)
+    return fenchel_difference(units.project, a, g, beta)
 
 
 _CONVERTED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
