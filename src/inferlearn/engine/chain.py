@@ -181,9 +181,14 @@ class Link:
     def names(self) -> tuple[str, ...]:
         return tuple(n for e in self.edges for n in e.names)
 
-    @property
+    @functools.cached_property
     def sources(self) -> tuple[int, ...]:
         return tuple(e.source for e in self.edges)
+
+    @functools.cached_property
+    def reads_hidden(self) -> bool:
+        """Whether an edge reads a hidden node (else the node's error is never sent down: the input is fixed)."""
+        return any(s > 0 for s in self.sources)
 
     @functools.cached_property
     def linear(self) -> nn.Linear | None:
@@ -203,6 +208,8 @@ class Link:
     def pre(self, zs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``a_k = Σ_e A_e(z_{source(e)})`` given the values ``zs = [x, z_1, …]`` of the nodes before it."""
         edges = self.edges
+        if len(edges) == 1:
+            return edges[0].map(zs[edges[0].source])
         a = edges[0].map(zs[edges[0].source])
         for e in edges[1:]:
             a = a + e.map(zs[e.source])

@@ -293,8 +293,9 @@ class LayeredProblem(BatchProblem):
         """``[None, a_1, …, a_L]`` at ``hidden`` (``fresh_a1``: recompute ``a_1 = A_1(x)``, e.g. to
         differentiate with respect to the first layer's parameters, instead of the cached one)."""
         zs = [self.x, *hidden]
-        a1 = self.energy.pre(1, zs) if fresh_a1 else self.a1
-        return [None, a1] + [self.energy.pre(k, zs) for k in range(2, self.depth + 1)]
+        links = self.energy.chain.links
+        a1 = links[0].pre(zs) if fresh_a1 else self.a1
+        return [None, a1] + [links[k - 1].pre(zs) for k in range(2, self.depth + 1)]
 
     def full(self, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
         """``[x, z_1, …, z_{L-1}, z_L]`` with the output clamped or eliminated."""
@@ -402,19 +403,20 @@ class LayeredProblem(BatchProblem):
             self._adj = self.adjoints(hidden)
         pre = self.pre_of(hidden)
         zs = [self.x, *hidden, self.output(pre[L])]
+        links = e.chain.links
         if e.kind != "penalty":
-            errs = [None] + [e.error(c, zs[c], pre[c]) for c in range(1, L + 1)]
+            errs = [None] + [e.error(c, zs[c], pre[c]) if links[c - 1].reads_hidden else None for c in range(1, L + 1)]
             for k in range(1, L):
                 yield k, zs[k], zs[k] - pre[k], [(c, errs[c], adj) for c, adj in self._adj[k]]
             return
         # penalty: ε_k = z_k − f(a_k) is both layer k's own term and, masked by f'(a_k), the error sent down
         eps, down = [None] * (L + 1), [None] * (L + 1)
         for k in range(1, L):
-            units = e.link(k).units
+            units = links[k - 1].units
             f = units.project(pre[k])
             eps[k] = zs[k] - f
             # f'(a) of a box unit is 1 exactly where the clamp leaves a unchanged (autograd's convention)
-            if any(j > 0 for j in e.link(k).sources):   # an error only reads the input is never sent down
+            if links[k - 1].reads_hidden:   # an error that only reads the input is never sent down
                 down[k] = eps[k] if units.is_linear else eps[k] * (f == pre[k])
         eps[L] = down[L] = zs[L] - pre[L]
         for k in range(1, L):
