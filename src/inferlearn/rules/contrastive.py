@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..engine.dense import contrastive_grads, contrastive_problem
+from ..engine.differential import difference_grads, solve_difference
 from ..engine.fused import accumulate_dense_grads
 from ..engine.layered import LayeredProblem
 from ..losses import one_hot, quadratic_loss
@@ -55,12 +56,14 @@ class Contrastive(LiftedEnergyRule):
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self.chain(model, x)
         B, L = x.shape[0], chain.depth
+        if self.differential(fused, L, x.dtype):
+            return self._differential(chain, x, labels)
         self.check_precision(chain.levels[L], x.dtype)
         if fused:
             energy, x, y = self.dense_inputs(chain, x, labels)
             problem = contrastive_problem(energy, x, y, check=False)   # x was validated by Rule.backward
             output = problem.forward_state()[1][L][:B]
-            hidden, info = self._solver.solve(problem)
+            hidden, info = self.phase_solver(chain.levels[L]).solve(problem)
             scale = 1.0 / (B * energy.term_weights[L])
             accumulate_dense_grads(chain, contrastive_grads(energy, problem.full(hidden), scale, problem.pre_of(hidden)))
         else:
@@ -70,8 +73,24 @@ class Contrastive(LiftedEnergyRule):
             y = one_hot(labels, output.shape[1], x.dtype)
             clamped = torch.arange(2 * B, device=x.device) >= B
             problem = free.stacked(2, target=torch.cat([y, y]), clamped=clamped)
-            hidden, info = self._solver.solve(problem)
+            hidden, info = self.phase_solver(chain.levels[L]).solve(problem)
             scale = 1.0 / (B * energy.term_weights[L])
             sign = clamped.to(x.dtype) * 2.0 - 1.0            # −1 on free rows, +1 on clamped rows
             problem.accumulate_weight_grads(hidden, sign * scale)
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=info_extras(info))
+
+    def _differential(self, chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        """The free phase, then the clamped phase for its difference ``δ`` (:mod:`inferlearn.engine.differential`)."""
+        energy, x, y = self.dense_inputs(chain, x, labels)
+        B, L = x.shape[0], energy.depth
+        free = energy.problem(x, check=False)
+        output = free.forward_state()[1][L]
+        hidden, info = self._solver.solve(free)
+        pre = free.pre_of(hidden)
+        steps = self.difference_steps(energy, x, target=y)
+        delta, sweeps, rel = solve_difference(energy, x, hidden, pre, steps, target=y)
+        grads = difference_grads(energy, x, hidden, pre, delta, target=y)
+        scale = 1.0 / (B * energy.term_weights[L])
+        accumulate_dense_grads(chain, [(gw.mul_(scale), gb.mul_(scale)) for gw, gb in grads])
+        extras = info_extras(info) | {"difference_sweeps": sweeps, "difference_residual": rel}
+        return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)

@@ -13,6 +13,7 @@ tested equal in float64. ``engine="generic"`` forces the generic engine (benchma
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 
@@ -22,12 +23,21 @@ from torch import nn
 from ..engine.chain import AFFINE, Chain, model_chain
 from ..engine.dense import LiftedEnergy, check_gamma
 from ..engine.layered import LayeredEnergy
-from ..engine.solvers import DEFAULT_SOLVER, SolveInfo, get_solver
+from ..engine.solvers import DEFAULT_SOLVER, BlockProjectedGradient, SolveInfo, get_solver
 from ..errors import PrecisionWarning
 from ..losses import one_hot
 from .base import Rule
 
 ENGINES = ("auto", "fused", "generic")
+PHASES = ("auto", "differential", "direct")
+#: ``phases="auto"`` solves the second phase differentially when its signal is below this many machine
+#: epsilons (or below 10× the solver's absolute tolerance): there the direct difference of two O(1) solutions
+#: loses more than about 1 % of the first layers' gradient (float32, 5 hidden layers: 1 % at a signal of 3e-5
+#: = 250 ε, 20 % at 1e-6; benchmarks/results/contrastive_small_gamma.md and tests/test_signal_precision.py)
+DIFFERENTIAL_BELOW_EPS = 1000
+#: a directly solved clamped or nudged phase stops at the solver's tolerance or at this fraction of its signal,
+#: whichever is smaller (an absolute 1e-5 against a signal of 1.6e-5 left 8.9 % gradient error on a small conv net)
+PHASE_TOL_FRACTION = 0.05
 #: a two-phase difference of relative size below this many machine epsilons is not resolved
 #: (``benchmarks/results/contrastive_small_gamma.md``: in float32 the first layers' contrastive
 #: gradient errors exceed 100 % at γ^{L-1} ≈ 1e-6 ≈ 8 ε and stay near the γ-bias at γ^{L-1} ≥ 1.5e-5)
@@ -65,6 +75,14 @@ class LiftedEnergyRule(Rule):
         tol: the solver's stopping tolerance (``None``: the solver's default).
         on_fail: ``warn`` | ``raise`` | ``ignore`` when the solver misses its tolerance.
         engine: ``auto`` (fused for dense chains, else generic), ``fused`` or ``generic``.
+        phases: (two-phase rules: contrastive, EqProp) how the second phase (clamped or nudged) is solved on
+            the fused engine: ``differential``
+            (for its difference ``δ = z⁺ − z⁰`` from the free minimiser, to a tolerance relative to ``δ``:
+            :mod:`inferlearn.engine.differential`; resolved in float32 however small ``γ^{L-1}`` or β),
+            ``direct`` (both phases as minimisers of their own, stacked into one solve), or ``auto``
+            (differential when the signal ``γ^{L-1}`` or ``β γ^{L-1}`` is below ``DIFFERENTIAL_BELOW_EPS``
+            epsilons of the dtype or 10× the solver's tolerance, else direct, which is faster). The generic
+            (graph) engine solves directly.
     """
 
     gamma: float = 1 / 8
@@ -73,10 +91,13 @@ class LiftedEnergyRule(Rule):
     tol: float | None = None
     on_fail: str = "warn"
     engine: str = "auto"
+    phases: str = "auto"
 
     def __post_init__(self) -> None:
         check_gamma(self.gamma)
         check_engine(self.engine)
+        if self.phases not in PHASES:
+            raise ValueError(f"Invalid phases: {self.phases!r}; choose one of {list(PHASES)}")
         self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
 
     def chain(self, model: nn.Module, x: torch.Tensor | None = None) -> tuple[Chain, bool]:
@@ -98,31 +119,64 @@ class LiftedEnergyRule(Rule):
         x = x.reshape(x.shape[0], -1)
         return energy, x, one_hot(labels, energy.sizes[-1], x.dtype)
 
+    def differential(self, fused: bool, depth: int, dtype: torch.dtype, beta: float | None = None) -> bool:
+        """Whether to solve the second phase differentially (``phases``; see the class docstring)."""
+        if self.phases == "differential":
+            if not fused:
+                raise ValueError("phases='differential' runs on the fused engine (dense chains: Linear layers with box "
+                                 "units); use phases='auto' or 'direct' for this model")
+            return True
+        if self.phases == "direct" or not fused:
+            return False
+        signal = self.gamma ** (depth - 1) * (1.0 if beta is None else beta)
+        tol = getattr(self._solver, "tol", None)
+        return signal < DIFFERENTIAL_BELOW_EPS * torch.finfo(dtype).eps or (tol is not None and signal < 10 * tol)
+
+    def phase_solver(self, depth: int, beta: float | None = None):
+        """The solver of a directly solved clamped or nudged phase: the rule's, with its tolerance lowered to
+        ``PHASE_TOL_FRACTION`` times the phase's signal ``γ^{L-1}`` (``β γ^{L-1}``) where that is smaller.
+
+        A phase stopped at an absolute tolerance comparable to its signal leaves the first layers short of their
+        equilibrium (the nudge has not reached them), so the tolerance follows the signal instead.
+        """
+        tol = getattr(self._solver, "tol", None)
+        signal = self.gamma ** (depth - 1) * (1.0 if beta is None else beta)
+        if tol is None or tol <= PHASE_TOL_FRACTION * signal:
+            return self._solver
+        cache = self.__dict__.setdefault("_phase_solvers", {})
+        key = PHASE_TOL_FRACTION * signal
+        if key not in cache:
+            solver = copy.copy(self._solver)
+            solver.tol = key
+            cache[key] = solver
+        return cache[key]
+
     def check_precision(self, depth: int, dtype: torch.dtype, beta: float | None = None) -> None:
-        """Warn (:class:`~inferlearn.errors.PrecisionWarning`) when this rule's two-phase signal is near ``dtype``'s resolution.
+        """Warn (:class:`~inferlearn.errors.PrecisionWarning`) when a directly solved two-phase signal is near
+        ``dtype``'s resolution.
 
         The phases' first layers differ by about ``γ^{L-1}`` (contrastive J_1) or ``β γ^{L-1}`` (a nudged phase,
         ``beta``) relative to O(1) activations, and the gradient divides by that signal: below
-        ``PRECISION_FLOOR_EPS`` machine epsilons the round-off of each phase dominates the difference. A nudged
-        phase starts from the free solution, so a signal below the solver's step tolerance also warns: the solve
-        stops before the nudge reaches the first layers, whose gradient then vanishes (measured in float64 with
-        5 hidden layers). Runs once per step, before inference; the message is built only when it warns.
+        ``PRECISION_FLOOR_EPS`` machine epsilons the round-off of each phase dominates the difference (the
+        differential phases of the fused engine resolve it; the generic engine solves directly). Runs once per
+        step, before inference; the message is built only when it warns.
         """
         signal = self.gamma ** (depth - 1) * (1.0 if beta is None else beta)
-        eps, tol = torch.finfo(dtype).eps, getattr(self._solver, "tol", None) if beta is not None else None
-        if signal >= PRECISION_FLOOR_EPS * eps and (tol is None or signal >= tol):
+        eps = torch.finfo(dtype).eps
+        if signal >= PRECISION_FLOOR_EPS * eps:
             return
         what = (f"gamma^(L-1) = {self.gamma:.3g}^{depth - 1}" if beta is None
                 else f"beta * gamma^(L-1) = {beta:.3g} * {self.gamma:.3g}^{depth - 1}")
-        if signal < PRECISION_FLOOR_EPS * eps:
-            warnings.warn(f"{what} = {signal:.2g} is below {PRECISION_FLOOR_EPS} {str(dtype).replace('torch.', '')} "
-                          f"epsilons ({PRECISION_FLOOR_EPS * eps:.1e}): the first layers' gradients are dominated by "
-                          f"round-off; use a larger gamma (or beta), fewer layers, or float64 (--dtype float64)",
-                          PrecisionWarning, stacklevel=4)
-        else:
-            warnings.warn(f"{what} = {signal:.2g} is below the solver's tolerance ({tol:g}): the nudged phase stops "
-                          f"before its signal reaches the first layers; use a larger beta or gamma, or a smaller tol",
-                          PrecisionWarning, stacklevel=4)
+        fix = ("phases='differential' on a dense chain, " if self.phases == "direct" else "")
+        warnings.warn(f"{what} = {signal:.2g} is below {PRECISION_FLOOR_EPS} {str(dtype).replace('torch.', '')} "
+                      f"epsilons ({PRECISION_FLOOR_EPS * eps:.1e}): the first layers' gradients are dominated by "
+                      f"round-off; use {fix}a larger gamma (or beta), fewer layers, or float64 (--dtype float64)",
+                      PrecisionWarning, stacklevel=4)
+
+    def difference_steps(self, energy, x: torch.Tensor, target=None, nudge=None, b: float = 0.0) -> list[float]:
+        """Block step sizes of the second phase's problem (clamped by ``target`` or nudged by ``b · nudge``)."""
+        problem = energy.problem(x, target, nudge=nudge, beta=b, check=False)
+        return BlockProjectedGradient().steps(problem)
 
     def layered_energy(self, chain: Chain) -> LayeredEnergy:
         return LayeredEnergy.lifted(chain, self.gamma)

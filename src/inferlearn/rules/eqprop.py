@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..engine.dense import LiftedEnergy, LiftedProblem
+from ..engine.differential import difference_grads, solve_difference
 from ..engine.fused import accumulate_dense_grads
 from ..engine.layered import LayeredProblem
 from ..engine.phases import check_beta, check_nudging, nudged_phases
@@ -82,6 +83,8 @@ class EquilibriumPropagation(LiftedEnergyRule):
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self.chain(model, x)
+        if self.differential(fused, chain.depth, x.dtype, beta=self.beta):
+            return self._dense(chain, x, labels, differential=True)
         self.check_precision(chain.levels[-1], x.dtype, beta=self.beta)
         if fused:
             return self._dense(chain, x, labels)
@@ -96,7 +99,7 @@ class EquilibriumPropagation(LiftedEnergyRule):
         nudge = torch.cat([p.sign * g for p in phases])
         # the stacked problem's starting point is the free equilibrium (its forward state)
         problem = free.stacked(len(phases), init=h_free, nudge=nudge, beta=self.beta * wL)
-        hidden, info = self._solver.solve(problem)
+        hidden, info = self.phase_solver(chain.levels[-1], self.beta).solve(problem)
         scale = 1.0 / (self.beta * wL * B)
         coef = torch.cat([torch.full((B,), p.weight * scale, dtype=x.dtype, device=x.device) for p in phases])
         problem.accumulate_weight_grads(hidden, coef)
@@ -104,7 +107,7 @@ class EquilibriumPropagation(LiftedEnergyRule):
         extras = info_extras(info) | {"free_solver_iterations": info_free.iterations}
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
 
-    def _dense(self, chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+    def _dense(self, chain, x: torch.Tensor, labels: torch.Tensor, differential: bool = False) -> StepInfo:
         energy, x, y = self.dense_inputs(chain, x, labels)
         B, L = x.shape[0], energy.depth
         wL = energy.term_weights[L]
@@ -114,15 +117,31 @@ class EquilibriumPropagation(LiftedEnergyRule):
         zs_free = free.full(h_free)
         _, g = loss_and_gradient(self.loss, zs_free[-1], labels)   # at the free equilibrium z_L*
         scale = 1.0 / (self.beta * wL * B)
+        if differential:   # each nudged phase for its difference from the free one (engine/differential.py)
+            pre, b = free.pre_of(h_free), self.beta * wL
+            grads, sweeps, rel = None, 0, 0.0
+            for phase in nudged_phases(self.nudging):
+                if phase.sign == 0:   # the free phase: its difference from itself is zero
+                    continue
+                steps = self.difference_steps(energy, x, nudge=phase.sign * g, b=b)
+                delta, it, r = solve_difference(energy, x, h_free, pre, steps, nudge=phase.sign * g, b=b)
+                sweeps, rel = sweeps + it, max(rel, r)
+                coef = phase.weight * scale
+                part = [(gw.mul_(coef), gb.mul_(coef)) for gw, gb in
+                        difference_grads(energy, x, h_free, pre, delta, nudge=phase.sign * g, b=b)]
+                grads = part if grads is None else [(a + c, d + e) for (a, d), (c, e) in zip(grads, part)]
+            accumulate_dense_grads(chain, grads)
+            extras = {"solver_iterations": sweeps, "solver_residual": rel, "free_solver_iterations": info_free.iterations}
+            return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
         if self.nudging == "symmetric":
             problem = _stacked_problem(energy, x, torch.cat([g, -g]), self.beta * wL, 2)
-            hidden, info = self._solver.solve(problem, init=[torch.cat([h, h]) for h in h_free])
+            hidden, info = self.phase_solver(L, self.beta).solve(problem, init=[torch.cat([h, h]) for h in h_free])
             ones = torch.ones(B, dtype=x.dtype, device=x.device)
             grads = energy.weight_grads(problem.full(hidden), torch.cat([ones, -ones]) * (0.5 * scale))
         else:
             sign = 1.0 if self.nudging == "positive" else -1.0
             problem = _stacked_problem(energy, x, g, sign * self.beta * wL, 1)
-            hidden, info = self._solver.solve(problem, init=list(h_free))
+            hidden, info = self.phase_solver(L, self.beta).solve(problem, init=list(h_free))
             g_nudged = energy.weight_grads(problem.full(hidden), sign * scale)
             g_free = energy.weight_grads(zs_free, -sign * scale)
             grads = [(a + c, b + d) for (a, b), (c, d) in zip(g_nudged, g_free)]
