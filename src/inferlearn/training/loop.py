@@ -270,7 +270,7 @@ def _train(config: TrainConfig, group: Group, progress: bool, resume: bool, log,
     try:
         group.barrier()
         return _train_in(folder, config, group, progress, resume, log, overwrite)
-    except BaseException:
+    except ValueError:   # refused (a rule that rejects the model at its first step): leave nothing behind
         if group.is_main and not resume:
             folder.discard_unstarted()
         raise
