@@ -346,8 +346,15 @@ class LayeredProblem(BatchProblem):
         """
         e = self.energy
         new = hidden[k - 1].lerp(pre[k], t)
-        for c, adjoint in outs:
-            new = adjoint.add_to(new, self.down(k, hidden, pre, c), t * e.feedback(k, c))
+        if len(outs) == 1 and outs[0][0] == k + 1:   # a chain's block: inline (the hot path of every sweep)
+            if k + 1 == self.depth:
+                r = self.top_residual(pre[k + 1])
+            else:
+                r = e.error(k + 1, hidden[k], pre[k + 1])
+            new = outs[0][1].add_to(new, r, t * e.term_weights[k + 1] / e.term_weights[k])
+        else:
+            for c, adjoint in outs:
+                new = adjoint.add_to(new, self.down(k, hidden, pre, c), t * e.feedback(k, c))
         units = e.link(k).units if units is None else units
         lo, hi = units.clamp_bounds(new)
         return new if lo is None and hi is None else new.clamp_(min=lo, max=hi)   # a fresh tensor: in place

@@ -363,8 +363,10 @@ class BlockProjectedGradient(Solver):
             return self._solve_layered_linear(problem, hidden, pre, t)
         adj = problem.adjoints(hidden)
         units = [e.link(k).units for k in range(1, L)]
+        links = e.chain.links
         children = [None] + [sorted({c for c, _ in e.out_edges(k)}) for k in range(1, L)]
         zs = [problem.x, *hidden]
+        chain = e.chain.is_chain
 
         def sweep(check: bool) -> list[torch.Tensor]:
             moves = []
@@ -374,8 +376,11 @@ class BlockProjectedGradient(Solver):
                 if check:
                     moves.append((new - z).abs_().max() / t[k - 1])
                 hidden[k - 1] = zs[k] = new
+                if chain:
+                    pre[k + 1] = links[k].edges[0].map(new)
+                    continue
                 for c in children[k]:   # the children's pre-activations, fresh for the next blocks
-                    pre[c] = e.pre(c, zs)
+                    pre[c] = links[c - 1].pre(zs)
             return moves
 
         it, move = self._sweeps(sweep)
