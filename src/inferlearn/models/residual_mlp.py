@@ -76,7 +76,8 @@ class ScaledBranch(nn.Module):
 
     Args:
         act: the activation module ``φ``.
-        n_in, n_out: widths.
+        n_in: input width.
+        n_out: output width.
         multiplier: the constant ``a``.
         edge: set ``inferlearn_map = True``: the engine reads the whole branch as one differentiable layer
             map (no value node after ``φ``), as μPC's energy does.

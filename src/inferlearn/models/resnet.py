@@ -100,7 +100,8 @@ class BasicBlock(nn.Module):
     """``act2(BN(Conv3×3(act1(BN(Conv3×3_s(x))))) + shortcut(x))`` (BN only with ``bn=True``).
 
     Args:
-        c_in, c_out: channels in and out.
+        c_in: channels in.
+        c_out: channels out.
         stride: stride of the first convolution (and of the shortcut).
         act: activation name, one module per use.
         bn: :class:`EvalBatchNorm2d` after each convolution (else convolutions with a bias).
