@@ -172,8 +172,15 @@ def test_nonconvergence_warns_or_raises_and_never_hangs():
         BlockProjectedGradient(max_iter=2, tol=1e-12, on_fail="raise").solve(p)
     with pytest.warns(ConvergenceWarning):
         CoordinateDescent(sweeps=1, tol=1e-12).solve(p)
-    _, info = CoordinateDescent(sweeps=1).solve(p)   # the paper's fixed sweeps: report, do not enforce
-    assert info.converged and info.residual > 0
+    # the paper's fixed sweeps: judged against the starting residual, warned once per solver when far from it
+    cd = CoordinateDescent(sweeps=1)
+    with pytest.warns(ConvergenceWarning, match="far from equilibrium"):
+        _, info = cd.solve(p)
+    assert not info.converged and info.far and info.residual > 1e-3 * info.initial_residual
+    _, again = cd.solve(p)   # once per run: the second solve records it silently (warnings are errors here)
+    assert again.far
+    _, quiet = CoordinateDescent(sweeps=1, far_rtol=None).solve(p)
+    assert not quiet.converged and not quiet.far
     huge = LiftedEnergy([w * 1e200 for w in e.weights], e.biases, e.units, gamma=1.0)
     with pytest.raises(ConvergenceError, match="non-finite"):
         BlockProjectedGradient(max_iter=3, on_fail="ignore").solve(huge.problem(x, one_hot(labels, 4, torch.float64)))

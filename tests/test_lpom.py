@@ -89,7 +89,7 @@ def test_activation_update_solves_its_subproblem(units, scale):
     chain = model_chain(model)
     y = torch.nn.functional.one_hot(labels, 3).double()
     problem = LayeredProblem(rule.energy(chain), x).stacked(1, target=y)
-    hidden, _, _ = rule.infer(problem, y)          # a point away from the forward pass
+    hidden, _, _, _ = rule.infer(problem, y)       # a point away from the forward pass
     steps = rule.layer_steps(problem, hidden)
     if scale < 1:
         assert steps == [1.0, 1.0], "small weights: LPOM's undamped fixed-point iteration"
@@ -191,3 +191,22 @@ def test_zero_sweeps_keep_the_forward_pass():
     zs, _ = model_chain(model).forward_all(x)
     for h, z in zip(info.extras["hidden"], zs[1:-1]):
         torch.testing.assert_close(h, z, rtol=0, atol=0)
+
+
+def test_convergence_verdict_tracks_the_distance_to_the_fixed_point():
+    """Without tol the sweeps are judged by the last sweep's move relative to the first's: converged (2000
+    sweeps) or not, and far (warned once per run) when 2 sweeps leave the activations visibly away from the
+    fixed point — checked against that fixed point itself."""
+    from inferlearn.errors import ConvergenceWarning
+    from inferlearn.rules.lpom import FAR_RTOL
+
+    model, x, labels = _setup("relu")
+    ref = make_rule("lpom", {"mu": 2.0, "sweeps": 2000}).backward(model, x, labels)
+    assert ref.extras["converged"] and not ref.extras["far"]
+    rule = make_rule("lpom", {"mu": 2.0, "sweeps": 2})
+    with pytest.warns(ConvergenceWarning, match="far from its fixed point after 2 sweeps"):
+        info = rule.backward(model, x, labels)
+    assert info.extras["far"] and not info.extras["converged"]
+    gap = max(float((h - r).abs().max()) for h, r in zip(info.extras["hidden"], ref.extras["hidden"]))
+    assert gap > FAR_RTOL * info.extras["solver_residual"]   # the move understates the distance, never overstates it
+    rule.backward(model, x, labels)   # once per run: no second warning (warnings are errors in the tests)

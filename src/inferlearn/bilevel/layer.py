@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from ..engine.phases import check_beta, check_nudging, nudged_phases
-from ..engine.solvers import SolveInfo
+from ..engine.solvers import SolveInfo, residual_floor
 from ..errors import ConvergenceError, ConvergenceWarning
 from ..units import Box, get_units
 
@@ -296,7 +296,13 @@ class AcceleratedProjectedGradient:
     Failures raise :class:`~inferlearn.errors.ConvergenceError` (``on_fail="raise"``, default) or
     warn with :class:`~inferlearn.errors.ConvergenceWarning` (``"warn"``): non-finite iterates or an
     energy that decreases without bound (not convex / unbounded below), backtracking that cannot
-    find a step, and the iteration limit.
+    find a step, and the iteration limit (with ``on_limit="report"`` only reported, ``converged=False``
+    in the returned ``SolveInfo``: the caller judges it, as :class:`ArgminLayer` does).
+
+    The tolerance is never below what the dtype resolves at the current iterate, :func:`precision_floor`
+    ``(z)``, re-evaluated at every check (a float32 solve started from zeros whose solution has entries of 8
+    stalls at 3.5e-6, above the starting point's floor 2.4e-6 and below the solution's 2.2e-5), but the
+    floor never accepts a residual above 1e-3 of the starting one (a diverging iterate's floor grows with it).
 
     Called as ``solver(energy, box, z0, inputs)``, it returns ``(z, info)`` with the engine's
     :class:`~inferlearn.engine.solvers.SolveInfo`: ``solver`` is ``"fista"`` (or
@@ -308,12 +314,14 @@ class AcceleratedProjectedGradient:
         tol: residual tolerance.
         momentum: ``False`` gives plain projected gradient descent.
         on_fail: ``"raise"`` or ``"warn"``.
+        on_limit: ``None`` (the iteration limit is a failure, as above) or ``"report"``.
     """
 
     max_iter: int = 2000
     tol: float = 1e-6
     momentum: bool = True
     on_fail: str = "raise"
+    on_limit: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
@@ -322,6 +330,8 @@ class AcceleratedProjectedGradient:
             raise ValueError(f"Invalid tol: {self.tol}")
         if self.on_fail not in ("raise", "warn"):
             raise ValueError(f"Invalid on_fail: {self.on_fail!r} (choose 'raise' or 'warn')")
+        if self.on_limit not in (None, "report"):
+            raise ValueError(f"Invalid on_limit: {self.on_limit!r} (choose None or 'report')")
 
     def _fail(self, msg: str) -> None:
         if self.on_fail == "raise":
@@ -341,10 +351,16 @@ class AcceleratedProjectedGradient:
         z = box.project(z0.detach())
         y, t = z, 1.0
         e0 = abs(float(f(z))) + 1.0
-        tol = max(self.tol, precision_floor(z))   # float32 cannot resolve residuals below its rounding
-        g_next = None
+        tol = start_floor = max(self.tol, precision_floor(z))   # float32 cannot resolve residuals below its rounding
+        g_next, res0 = None, math.inf
+
+        def tolerance(z) -> float:   # the floor at z, but never above 1e-3 of the starting residual
+            return max(start_floor, min(precision_floor(z), 1e-3 * res0))
+
         for it in range(1, self.max_iter + 1):
             gy = energy.grad_z(y, *inputs) if g_next is None else g_next
+            if it == 1:
+                res0 = _residual(box, z, gy) if z.numel() else 0.0
             g_next = None
             for _ in range(60):
                 z_new = box.project(y - gy / L)
@@ -382,15 +398,18 @@ class AcceleratedProjectedGradient:
                                "the energy is not convex or not bounded below on the constraint set")
                     return z, SolveInfo(method, it, float("inf"), False, tol)
                 res = _residual(box, z, energy.grad_z(z, *inputs)) if z.numel() else 0.0
+                tol = tolerance(z)
                 if res <= tol:
                     return z, SolveInfo(method, it, res, True, tol)
             if backtrack:
                 L *= 0.9        # let the step grow again
         res = _residual(box, z, energy.grad_z(z, *inputs)) if z.numel() else 0.0
+        tol = tolerance(z)
         if res <= tol:
             return z, SolveInfo(method, self.max_iter, res, True, tol)
-        self._fail(f"{method}: no convergence in {self.max_iter} iterations (residual {res:.3g} > tol {tol:.3g}); "
-                   "raise max_iter, or check that the energy is convex in z")
+        if self.on_limit != "report":
+            self._fail(f"{method}: no convergence in {self.max_iter} iterations (residual {res:.3g} > tol {tol:.3g}); "
+                       "raise max_iter, or check that the energy is convex in z")
         return z, SolveInfo(method, self.max_iter, res, False, tol)
 
 
@@ -414,8 +433,9 @@ def _residual(box: Box, z: torch.Tensor, g: torch.Tensor) -> float:
 
 def precision_floor(z: torch.Tensor) -> float:
     """The smallest optimality residual ``z``'s dtype can resolve: ``20 ε (1 + max|z|)``
-    (≈ 2.4e-6 for float32 values of order 1, ≈ 4e-15 for float64)."""
-    return 20.0 * torch.finfo(z.dtype).eps * (1.0 + float(z.detach().abs().max()) if z.numel() else 1.0)
+    (≈ 2.4e-6 for float32 values of order 1, ≈ 4e-15 for float64): the lifted solvers'
+    :func:`~inferlearn.engine.solvers.residual_floor`."""
+    return residual_floor(z) if z.numel() else 20.0 * torch.finfo(z.dtype).eps
 
 
 def ProjectedGradient(max_iter: int = 5000, tol: float = 1e-6, on_fail: str = "raise") -> AcceleratedProjectedGradient:
@@ -481,6 +501,7 @@ class _ArgminFunction(torch.autograd.Function):
     def forward(ctx, layer, n_inputs, init, *tensors):
         inputs = tensors[:n_inputs]
         z, info = solve(layer.energy, inputs, layer.box, layer.solver, init=init)
+        layer._check_solve(info, "forward")
         layer.last_forward = info
         ctx.layer, ctx.n_inputs = layer, n_inputs
         ctx.save_for_backward(z, *tensors)
@@ -515,7 +536,11 @@ class ArgminLayer(nn.Module):
         backward: ``"contrastive"`` (the surrogate) or ``"implicit"`` (implicit differentiation,
             the reference; CG with Hessian-vector products on the free coordinates).
         solver: called as ``solver(energy, box, z0, inputs)``; default
-            :class:`AcceleratedProjectedGradient` (closed forms are used when the energy has one).
+            :class:`AcceleratedProjectedGradient` (closed forms are used when the energy has one). With the
+            default (``on_limit="report"``), a solve that stops at its iteration limit does not stop training:
+            the layer warns once (:class:`~inferlearn.errors.ConvergenceWarning`, naming the residual and the
+            fix) and carries on; a diverging solve still raises :class:`~inferlearn.errors.ConvergenceError`
+            in one line. A solver you pass keeps its own settings (``on_limit="report"`` gives the same).
         check_energy_gap: raise ``ConvergenceError`` when a nudged solution has *lower* energy than
             the free one (then ``z*`` was not a global minimiser: the energy is not convex, or the
             forward solve stopped early).
@@ -545,7 +570,9 @@ class ArgminLayer(nn.Module):
             raise ValueError(f"Invalid backward: {backward!r} (choose one of {list(BACKWARDS)})")
         self.beta = check_beta(beta)
         self.energy, self.box, self.nudging, self.backward_mode = energy, _as_box(box), nudging, backward
-        self.solver = solver or AcceleratedProjectedGradient()
+        self.solver = solver or AcceleratedProjectedGradient(on_limit="report")
+        # a solver that reports its iteration limit leaves the verdict to the layer: warn once, carry on
+        self._judge = getattr(self.solver, "on_limit", None) == "report"
         self.check_energy_gap, self.bound_tol = check_energy_gap, bound_tol
         self.cg_tol, self.cg_max_iter = cg_tol, cg_max_iter
         self.last_forward: SolveInfo | None = None
@@ -568,6 +595,20 @@ class ArgminLayer(nn.Module):
             shapes = ", ".join(str(tuple(x.shape)) for x in inputs)
             raise ValueError(f"ArgminLayer inputs of shapes {shapes} do not fit its energy {type(self.energy).__name__} "
                              f"({text.splitlines()[0][:200]}); check the inputs' widths") from None
+
+    def _check_solve(self, info: SolveInfo, phase: str) -> None:
+        """With the default solver: a diverged solve raises one line, one stopped short warns once per layer."""
+        if not self._judge or info.converged:
+            return
+        if not math.isfinite(info.residual):
+            raise ConvergenceError(f"ArgminLayer: the {phase} solve ({info.solver}) diverged after {info.iterations} "
+                                   "iterations; check that the energy is convex in z and bounded below on the box")
+        if not getattr(self, "_far_warned", False):
+            self._far_warned = True
+            warnings.warn(f"ArgminLayer: the {phase} solve ({info.solver}) stopped after {info.iterations} iterations "
+                          f"with optimality residual {info.residual:.3g} > tol {info.tol:.3g}; training carries on with "
+                          "this point, whose gradient is approximate: raise the solver's max_iter, or use float64 "
+                          "(warned once per layer)", ConvergenceWarning, stacklevel=5)
 
     # -- backward ----------------------------------------------------------------------------------
     def _beta_rows(self, z: torch.Tensor) -> float:
@@ -607,13 +648,15 @@ class ArgminLayer(nn.Module):
         if isinstance(solver, AcceleratedProjectedGradient) and 0 < 1e-2 * nudge < solver.tol:
             solver = dataclasses.replace(solver, tol=max(1e-2 * nudge, floor))
         ẑ, s = solve(self.energy, inputs, self.box, solver, init=z, shift=sign * beta * g)
+        self._check_solve(s, "nudged")
         info.solves.append(s)
         with torch.no_grad():
             gap = float((self.energy.value(ẑ, *inputs) - self.energy.value(z, *inputs)).sum())
         info.energy_gap.append(gap)
         scale = float(self.energy.value(z, *inputs).abs().sum()) + 1.0
         tol = max(1e-6 * scale, 10 * self.solver.tol * float(z.abs().sum() + 1) if hasattr(self.solver, "tol") else 0)
-        if self.check_energy_gap and gap < -tol:
+        stopped_short = self.last_forward is not None and not self.last_forward.converged   # warned already
+        if self.check_energy_gap and gap < -tol and not stopped_short:
             raise ConvergenceError(f"The nudged solution has lower energy than the free solution (by {-gap:.3g}): "
                                    "z* is not a global minimiser, so the energy is not convex in z (or the "
                                    "forward solve stopped early)")

@@ -129,8 +129,13 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
         z_k ← z_k − η ε_k + η W_kᵀ d_{k+1}          (simultaneous, from the forward pass)
         ∇W_{k-1} = −d_k z_{k-1}ᵀ / (Bπ),   ∇b_{k-1} = −d_k / (Bπ)
 
+    The first and the last step are checked (and every fifth with ``tol``): the first step's size is the
+    signal ``r_0``, the last one's ``r_T``, and per hidden layer ``(max|step_k|, ‖∂F/∂z_k‖, ‖ε_k‖)`` at its start
+    (:meth:`~inferlearn.engine.solvers.GradientSteps.report` judges them).
+
     Returns:
-        ``(grads, output, hidden, steps_done, last_move)``.
+        ``(grads, output, hidden, steps_done, last_move, first_move, layers)`` (``layers`` ``None`` when ``tol``
+        stopped the steps early).
     """
     Ws = [l.linear.weight for l in chain.links]
     bs = [l.linear.bias for l in chain.links]
@@ -148,13 +153,17 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     hidden = [t.clone() for t in z[1:L]]
     Wts = [W.t() for W in Ws]
     bounds = tuple(u.clamp_bounds(x) for u in units)
-    it, move = 0, math.inf
+    it, move, first, layers = 0, math.inf, None, None
     for it in range(1, steps + 1):
-        check = tol is not None and (it % 5 == 0 or it == steps)
+        check = it == 1 or it == steps or (tol is not None and it % 5 == 0)
         hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, tuple(lin), bounds, eta, precision, check)
         if check:
-            move = float(m) * eta if m is not None else 0.0
-            if move <= tol:
+            stats = m.tolist() if m is not None else []   # one synchronisation per checked step
+            move = max((row[0] for row in stats), default=0.0)
+            first = move if it == 1 else first
+            if it == steps:
+                layers = [(big, g / eta, e) for big, g, e in stats]
+            if tol is not None and move <= tol:
                 break
     z = [x] + hidden + [target]
     grads = []
@@ -168,13 +177,15 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
             e = (z[k] - a) * precision
         e = e * (-1.0 / (B * precision))
         grads.append((e.t().mm(z[k - 1]), e.sum(0)))
-    return grads, out, z[1:L], it, move
+    return grads, out, z[1:L], it, move, first, layers
 
 
 def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,
              bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool):
-    """One simultaneous step of predictive coding on a dense chain (returns new hidden layers, and the
-    largest step when ``check``). ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input is), ``Wts[k] = W_kᵀ``."""
+    """One simultaneous step of predictive coding on a dense chain (returns new hidden layers, and when ``check``
+    a ``(L−1, 3)`` tensor of ``(max|Δz_k|, ‖Δz_k‖, ‖ε_k‖)`` per hidden layer, ``Δz_k = −η ∂F/∂z_k`` the step and
+    ``ε_k`` the prediction error at the step's start). ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input
+    is), ``Wts[k] = W_kᵀ``."""
     L = len(Ws)
     z = [x, *hidden, target]
     eps, d = [None] * (L + 1), [None] * (L + 1)
@@ -196,13 +207,14 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
         d[k] = eps[k] if m is None else eps[k] * m
     if precision != 1.0:
         d[L] = d[L] * precision
-    new, moves = [], []
+    new, stats = [], []
     for k in range(1, L):
-        if check:
-            moves.append(torch.addmm(eps[k], d[k + 1], Ws[k], alpha=-1.0).abs().max())
         own = torch.lerp(z[1], mu1, eta) if k == 1 else torch.sub(z[k], eps[k], alpha=eta)   # z_k − η ε_k
         new.append(torch.addmm(own, d[k + 1], Ws[k], alpha=eta))
-    return new, (torch.stack(moves).max() if check and moves else None)
+        if check:   # element-wise only: the step is −η ∂F/∂z_k
+            step = new[-1] - z[k]
+            stats.append(torch.stack([step.abs().max(), torch.linalg.vector_norm(step), torch.linalg.vector_norm(eps[k])]))
+    return new, (torch.stack(stats) if check and stats else None)
 
 
 PC_STEP = CompiledStep(_pc_step, "the predictive-coding step")

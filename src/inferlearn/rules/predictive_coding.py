@@ -32,7 +32,7 @@ from torch import nn
 from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
 from ..engine.layered import LayeredEnergy, LayeredProblem
-from ..engine.solvers import GradientSteps, finish
+from ..engine.solvers import GradientSteps, residual_floor
 from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
@@ -70,6 +70,15 @@ class PredictiveCoding(Rule):
         output_weight: the precision ``π`` of the output term; the gradient is divided by ``π``.
         engine: ``auto`` (fused for dense chains), ``fused`` or ``generic``.
 
+    Convergence: every batch checks the first and the last step
+    (:class:`~inferlearn.engine.solvers.GradientSteps`, about 1 % of a batch). At the defaults inference is
+    not at equilibrium by design (the gradient is 42-52 % from the equilibrium's on the MNIST MLP, and with ReLU
+    units more steps do not settle it), so ``extras["converged"]`` is usually False and nothing warns; one
+    :class:`~inferlearn.errors.ConvergenceWarning` per run says when inference is *far* from equilibrium: more
+    residual left than the forward pass had, or a layer whose remaining gradient exceeds twice its prediction
+    error (the output error has not propagated down: too few or too small steps for the depth, e.g. ``T = 5``,
+    ``η ≤ 0.02``, VGG-7, ResNet-20).
+
     References:
         Whittington & Bogacz (2017); Zach, bilevel paper, Table 1 (PCN row).
     """
@@ -85,7 +94,10 @@ class PredictiveCoding(Rule):
     def __post_init__(self) -> None:
         check_positive("output_weight", self.output_weight)
         check_engine(self.engine)
-        self._solver = GradientSteps(self.steps, self.step_size, self.tol)
+        if isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps == 0:
+            raise ValueError("Invalid steps: 0 (predictive coding needs at least one inference step: without one the "
+                             "output error stays at the top and only the last layer learns; use steps >= 1)")
+        self._solver = GradientSteps(self.steps, self.step_size, self.tol, label=self.name)
         if self.step_size >= 2:   # F's curvature along a value node is at least 1 (its own term): η ≥ 2 diverges
             raise ValueError(f"Invalid step_size: {self.step_size} (must be < 2 for the inference steps to descend)")
 
@@ -104,7 +116,8 @@ class PredictiveCoding(Rule):
     def clamped_backward(self, model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> StepInfo:
         """Clamp the output to ``target`` (any values, e.g. one-hot labels), infer and accumulate ``.grad``.
 
-        ``StepInfo.extras`` holds ``inference_steps`` and the inferred ``hidden`` layers.
+        ``StepInfo.extras`` holds ``inference_steps``, the inferred ``hidden`` layers, ``solver_residual``,
+        ``converged`` and ``far`` (see the class docstring).
         """
         return self._clamped(*self._chain(model, x), x, target)
 
@@ -119,10 +132,10 @@ class PredictiveCoding(Rule):
                  free: LayeredProblem | None = None) -> StepInfo:
         B, L, pi = x.shape[0], chain.depth, self.output_weight
         if fused:
-            grads, output, hidden, it, move = dense_predictive_coding(chain, x.reshape(B, -1), target, self.steps,
-                                                                      self.step_size, pi, self.tol)
-            if self.tol is not None and it > 0:   # the same warning as every iterative solver when the tolerance is missed
-                finish(self._solver.name, None, hidden, it, self.tol, "warn", residual=move)
+            grads, output, hidden, it, move, first, layers = dense_predictive_coding(
+                chain, x.reshape(B, -1), target, self.steps, self.step_size, pi, self.tol)
+            # the same verdict (and warnings) as the generic solver's
+            info = self._solver.report(it, move, first, layers, residual_floor(hidden)) if it > 0 else None
             accumulate_dense_grads(chain, grads)
         else:
             free = LayeredProblem(self.energy(chain), x) if free is None else free
@@ -132,5 +145,7 @@ class PredictiveCoding(Rule):
             it = info.iterations
             problem.accumulate_weight_grads(hidden, 1.0 / (B * pi), precise=False)
         check_inference_finite(self.name, chain, hidden, it, self.step_size)
-        return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(),
-                        extras={"inference_steps": it, "hidden": [h.detach() for h in hidden]})
+        extras = {"inference_steps": it, "hidden": [h.detach() for h in hidden]}
+        if info is not None:
+            extras.update(solver_residual=info.residual, converged=info.converged, far=info.far)
+        return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(), extras=extras)
