@@ -237,3 +237,27 @@ def test_pc_warns_when_it_stops_before_its_tolerance(engine):
     assert not quiet.extras["far"]
     with pytest.raises(ValueError, match="Invalid steps: 0"):
         make_rule("pc", {"steps": 0, "engine": engine})
+
+
+@pytest.mark.filterwarnings("ignore::inferlearn.errors.ConvergenceWarning")   # far from equilibrium on purpose
+def test_pc_small_steps_at_the_hard_clamp_reach_layer_d_to_order_eta_t_power_d():
+    """Small-step PC at the hard clamp is not back-propagation: after T steps of η from the forward pass the
+    layer d levels below the output has its error to order C(T, d) η^d ≈ (ηT)^d/d! (the d-th term of the
+    binomial expansion of the linear error recursion). Oracle: back-propagation's per-layer gradient; the PC
+    gradient is aligned with it and its norm ratio is C(T, d) η^d to leading order (within 10 % at ηT = 0.05)."""
+    import math
+
+    model = MLP("6-7-5-4-3", units="relu", seed=3, dtype=DT)
+    x, labels = _data(n_in=6, n_out=3, b=16, seed=1)
+    grads = {}
+    for name, rule in (("bp", BackProp()), ("pc", PredictiveCoding(steps=10, step_size=0.005))):
+        model.zero_grad(set_to_none=True)
+        rule.backward(model, x, labels)
+        grads[name] = [l.weight.grad.clone() for l in model.layers]
+    L = len(grads["bp"])
+    for k in range(L - 1):
+        d = L - 1 - k
+        pc, bp = grads["pc"][k], grads["bp"][k]
+        ratio = float(pc.norm() / bp.norm()) / (math.comb(10, d) * 0.005 ** d)
+        assert 0.9 < ratio < 1.1, (k, ratio)
+        assert float((pc * bp).sum() / (pc.norm() * bp.norm())) > 0.99, k

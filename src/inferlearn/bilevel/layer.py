@@ -553,9 +553,11 @@ class ArgminLayer(nn.Module):
 
     Note:
         ``β`` is per sample (the nudge is ``β B g`` for ``B`` rows, see :meth:`_beta_rows`), so a
-        batch-mean loss does not shrink it. The linearised surrogate is exact for the quadratic
-        energies here, so β trades only floating-point cancellation against the curvature of
-        non-quadratic energies.
+        batch-mean loss does not shrink it. The symmetric linearised surrogate is exact for a quadratic
+        energy only while no coordinate switches between active and free under the nudge; with a box,
+        switches at the boundary add an O(β) bias (a non-negative least-squares layer: 2.2 % from implicit
+        differentiation at β = 1e-2, 0.6 % at 1e-3; ``benchmarks/results/limits.md``), so β trades that bias
+        and the curvature of non-quadratic energies against floating-point cancellation.
     """
 
     def __init__(self, energy: Energy, box: Box | None = None, beta: float = 1e-3, nudging: str = "symmetric",
