@@ -23,6 +23,7 @@ from ..losses import check_labels, one_hot, quadratic_loss
 from ..units import UnitSet
 from .chain import Chain
 from .compiled import CompiledStep
+from .solvers import residual_floor_of
 
 LocalBackward = Callable[[UnitSet, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -134,8 +135,9 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     (:meth:`~inferlearn.engine.solvers.GradientSteps.report` judges them).
 
     Returns:
-        ``(grads, output, hidden, steps_done, last_move, first_move, layers)`` (``layers`` ``None`` when ``tol``
-        stopped the steps early).
+        ``(grads, output, hidden, steps_done, last_move, first_move, layers, floor)`` (``layers`` and ``floor``,
+        the :func:`~inferlearn.engine.solvers.residual_floor` of the value nodes, ``None`` when ``tol`` stopped
+        the steps early).
     """
     Ws = [l.linear.weight for l in chain.links]
     bs = [l.linear.bias for l in chain.links]
@@ -153,16 +155,18 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     hidden = [t.clone() for t in z[1:L]]
     Wts = [W.t() for W in Ws]
     bounds = tuple(u.clamp_bounds(x) for u in units)
-    it, move, first, layers = 0, math.inf, None, None
+    it, move, first, layers, floor = 0, math.inf, None, None, None
     for it in range(1, steps + 1):
         check = it == 1 or it == steps or (tol is not None and it % 5 == 0)
         hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, tuple(lin), bounds, eta, precision, check)
         if check:
             stats = m.tolist() if m is not None else []   # one synchronisation per checked step
-            move = max((row[0] for row in stats), default=0.0)
+            n = len(stats) // 4
+            move = max(stats[:n], default=0.0)
             first = move if it == 1 else first
             if it == steps:
-                layers = [(big, g / eta, e) for big, g, e in stats]
+                layers = [(big, g / eta, e) for big, g, e in zip(stats[:n], stats[n:2 * n], stats[2 * n:3 * n])]
+                floor = residual_floor_of(max(stats[3 * n:], default=0.0), x.dtype)
             if tol is not None and move <= tol:
                 break
     z = [x] + hidden + [target]
@@ -177,15 +181,15 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
             e = (z[k] - a) * precision
         e = e * (-1.0 / (B * precision))
         grads.append((e.t().mm(z[k - 1]), e.sum(0)))
-    return grads, out, z[1:L], it, move, first, layers
+    return grads, out, z[1:L], it, move, first, layers, floor
 
 
 def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,
              bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool):
     """One simultaneous step of predictive coding on a dense chain (returns new hidden layers, and when ``check``
-    a ``(L−1, 3)`` tensor of ``(max|Δz_k|, ‖Δz_k‖, ‖ε_k‖)`` per hidden layer, ``Δz_k = −η ∂F/∂z_k`` the step and
-    ``ε_k`` the prediction error at the step's start). ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input
-    is), ``Wts[k] = W_kᵀ``."""
+    a ``4(L−1)`` tensor: ``max|Δz_k|``, ``‖Δz_k‖``, ``‖ε_k‖`` and ``max|z_k|`` (after the step) for each hidden
+    layer in turn, ``Δz_k = −η ∂F/∂z_k`` the step and ``ε_k`` the prediction error at the step's start).
+    ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input is), ``Wts[k] = W_kᵀ``."""
     L = len(Ws)
     z = [x, *hidden, target]
     eps, d = [None] * (L + 1), [None] * (L + 1)
@@ -207,14 +211,16 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
         d[k] = eps[k] if m is None else eps[k] * m
     if precision != 1.0:
         d[L] = d[L] * precision
-    new, stats = [], []
+    new = []
     for k in range(1, L):
         own = torch.lerp(z[1], mu1, eta) if k == 1 else torch.sub(z[k], eps[k], alpha=eta)   # z_k − η ε_k
         new.append(torch.addmm(own, d[k + 1], Ws[k], alpha=eta))
-        if check:   # element-wise only: the step is −η ∂F/∂z_k
-            step = new[-1] - z[k]
-            stats.append(torch.stack([step.abs().max(), torch.linalg.vector_norm(step), torch.linalg.vector_norm(eps[k])]))
-    return new, (torch.stack(stats) if check and stats else None)
+    if not check or not new:
+        return new, None
+    # element-wise only (the step is −η ∂F/∂z_k), one fused reduction per quantity over all layers
+    step = torch._foreach_sub(new, z[1:L])
+    return new, torch.stack([*torch._foreach_norm(step, math.inf), *torch._foreach_norm(step),
+                             *torch._foreach_norm(eps[1:L]), *torch._foreach_norm(new, math.inf)])
 
 
 PC_STEP = CompiledStep(_pc_step, "the predictive-coding step")

@@ -373,17 +373,22 @@ class LayeredProblem(BatchProblem):
             total = self.value(hs, fresh_a1=False).sum()
             return list(torch.autograd.grad(total, hs))
 
-    def gradient_step(self, hidden: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
+    def gradient_step(self, hidden: list[torch.Tensor], eta: float, errors: list | None = None) -> list[torch.Tensor]:
         """Simultaneous projected steps ``z_k ← Π_k(z_k − η ∂E/∂z_k)`` for every hidden layer.
 
         In closed form ``z_k − η w_k ε_k + η w_{k+1} A_{k+1}ᵀ r_{k+1}``, updating the tensors of ``hidden``
         in place (every term is computed from the old point before the first update); otherwise new
-        tensors through :meth:`gradients`. Returns the updated list.
+        tensors through :meth:`gradients`. Returns the updated list. With the penalty energy in closed form,
+        a list passed as ``errors`` receives the prediction errors ``ε_k`` at the old point (computed anyway;
+        it stays empty otherwise).
         """
         e = self.energy
         if not self._closed_form():
             return [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, self.gradients(hidden)), start=1)]
-        for k, z, own, downs in list(self._closed_form_parts(hidden)):
+        parts = list(self._closed_form_parts(hidden))
+        if errors is not None and e.kind == "penalty":
+            errors.extend(own for _, _, own, _ in parts)
+        for k, z, own, downs in parts:
             z.add_(own, alpha=-eta * e.term_weights[k])
             for c, down, adj in downs:
                 adj.add_to_(z, down, eta * e.term_weights[c])

@@ -86,7 +86,12 @@ def residual_floor(hidden) -> float:
     if not zs:
         return 0.0
     big = max(float(z.detach().abs().max()) for z in zs)
-    return 20.0 * torch.finfo(zs[0].dtype).eps * (1.0 + (big if math.isfinite(big) else 0.0))
+    return residual_floor_of(big, zs[0].dtype)
+
+
+def residual_floor_of(big: float, dtype: torch.dtype) -> float:
+    """:func:`residual_floor` from the largest activation ``big = max|z|`` already measured."""
+    return 20.0 * torch.finfo(dtype).eps * (1.0 + (big if math.isfinite(big) else 0.0))
 
 
 def warn_far(owner, info: SolveInfo, message: str, on_fail: str = "warn", stacklevel: int = 3) -> None:
@@ -800,17 +805,28 @@ class GradientSteps(Solver):
             last = it == self.steps
             check = it == 1 or last or (self.tol is not None and it % 5 == 0)
             old = [z.clone() for z in hidden] if check else None
-            errors = layer_errors(problem, old) if last else None
-            hidden = problem.gradient_step(hidden, eta)
-            if check:
-                steps = [n - z for n, z in zip(hidden, old)]
-                move = max(float(d.abs().max()) for d in steps)
+            errors = [] if last else None
+            hidden = problem.gradient_step(hidden, eta, errors)
+            if last and not errors:   # not handed back by the closed-form step: one forward pass at the old point
+                errors = layer_errors(problem, old)
+            if check:   # one fused reduction per quantity over all layers, one synchronisation
+                steps = torch._foreach_sub(hidden, old)
+                big = torch._foreach_norm(steps, math.inf)
+                if not last:
+                    move = float(torch.stack(big).max())
+                else:
+                    n = len(steps)
+                    stats = torch.stack([*big, *torch._foreach_norm(steps), *torch._foreach_norm(errors),
+                                         *torch._foreach_norm(hidden, math.inf)]).tolist()
+                    move = max(stats[:n])
+                    ratios = [(b, g / eta, e) for b, g, e in zip(stats[:n], stats[n:2 * n], stats[2 * n:3 * n])]
+                    floor = residual_floor_of(max(stats[3 * n:]), hidden[0].dtype)
                 first = move if it == 1 else first
-                if last:
-                    ratios = [(float(d.abs().max()), float(d.norm()) / eta, float(e.norm())) for d, e in zip(steps, errors)]
             if self.tol is not None and check and move <= self.tol:
                 break
-        return hidden, self.report(it, move, first if signal is None else signal, ratios, residual_floor(hidden))
+        if ratios is None:
+            floor = residual_floor(hidden)
+        return hidden, self.report(it, move, first if signal is None else signal, ratios, floor)
 
     def report(self, iterations: int, residual: float, initial: float | None, layers: list | None,
                floor: float) -> SolveInfo:

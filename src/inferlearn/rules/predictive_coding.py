@@ -132,10 +132,11 @@ class PredictiveCoding(Rule):
                  free: LayeredProblem | None = None) -> StepInfo:
         B, L, pi = x.shape[0], chain.depth, self.output_weight
         if fused:
-            grads, output, hidden, it, move, first, layers = dense_predictive_coding(
+            grads, output, hidden, it, move, first, layers, floor = dense_predictive_coding(
                 chain, x.reshape(B, -1), target, self.steps, self.step_size, pi, self.tol)
             # the same verdict (and warnings) as the generic solver's
-            info = self._solver.report(it, move, first, layers, residual_floor(hidden)) if it > 0 else None
+            floor = residual_floor(hidden) if floor is None else floor
+            info = self._solver.report(it, move, first, layers, floor) if it > 0 else None
             accumulate_dense_grads(chain, grads)
         else:
             free = LayeredProblem(self.energy(chain), x) if free is None else free
