@@ -34,6 +34,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -47,6 +48,7 @@ class CompileWarning(RuntimeWarning):
 
 
 _state = threading.local()
+_steps: "weakref.WeakSet[CompiledStep]" = weakref.WeakSet()   # every step, so tests can drop their graphs
 _global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0}
 
 
@@ -106,9 +108,12 @@ def compile_failed() -> bool:
     return _global["failed"]
 
 
-def reset_compile_state() -> None:
-    """Forget a failure and the counters (tests); compiled graphs stay cached in their steps."""
+def reset_compile_state(graphs: bool = False) -> None:
+    """Forget a failure and the counters (tests); compiled graphs stay cached in their steps unless ``graphs``."""
     _global.update(failed=False, warned=False, seconds=0.0, graphs=0)
+    if graphs:
+        for step in list(_steps):
+            step._graphs.clear()
 
 
 def _fail(name: str, exc: BaseException) -> None:
@@ -170,6 +175,7 @@ class CompiledStep:
     def __init__(self, fn: Callable, name: str | None = None):
         self.fn, self.name = fn, name or fn.__name__
         self._graphs: dict = {}
+        _steps.add(self)
         self.__doc__ = fn.__doc__
 
     def active(self, device: torch.device) -> bool:

@@ -134,6 +134,11 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     signal ``r_0``, the last one's ``r_T``, and per hidden layer ``(max|step_k|, ‖∂F/∂z_k‖, ‖ε_k‖)`` at its start
     (:meth:`~inferlearn.engine.solvers.GradientSteps.report` judges them).
 
+    Without ``tol`` the whole batch (forward pass, ``T`` steps, gradient) is one call of
+    :data:`PC_INFERENCE`, compiled as one graph when compilation is on (:mod:`inferlearn.engine.compiled`),
+    with one synchronisation at its end; with ``tol`` the steps run one by one (:data:`PC_STEP`), since
+    stopping early reads the step size on the host.
+
     Returns:
         ``(grads, output, hidden, steps_done, last_move, first_move, layers, floor)`` (``layers`` and ``floor``,
         the :func:`~inferlearn.engine.solvers.residual_floor` of the value nodes, ``None`` when ``tol`` stopped
@@ -144,24 +149,26 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     units = [l.units for l in chain.links[:-1]]
     L, B = len(Ws), x.shape[0]
     x = x.reshape(B, -1)
-    a1 = torch.addmm(bs[0], x, Ws[0].t())
-    lin = [u.is_linear for u in units] + [True]
-    mu1 = units[0].project(a1) if L > 1 else a1
-    m1 = None if L == 1 or lin[0] else mu1 == a1    # f'(a) of a box unit: 1 where the clamp leaves a unchanged
-    z = [x]
-    for k in range(1, L):                            # forward pass: hidden errors start at 0
-        z.append(mu1 if k == 1 else units[k - 1].project(torch.addmm(bs[k - 1], z[-1], Ws[k - 1].t())))
-    out = torch.addmm(bs[L - 1], z[L - 1], Ws[L - 1].t())
-    hidden = [t.clone() for t in z[1:L]]
-    Wts = [W.t() for W in Ws]
+    lin = tuple([u.is_linear for u in units] + [True])
     bounds = tuple(u.clamp_bounds(x) for u in units)
+    n = L - 1
+    if tol is None and steps > 0:   # fixed steps: the whole inference in one (possibly compiled) call
+        grads, out, hidden, s1, sT = PC_INFERENCE(x, target, Ws, bs, lin, bounds, steps, eta, precision)
+        if s1 is None:
+            return grads, out, hidden, steps, 0.0, 0.0, [], residual_floor_of(0.0, x.dtype)
+        stats = torch.cat([s1, sT]).tolist()   # the one synchronisation of the batch
+        first, last = stats[:4 * n], stats[4 * n:]
+        layers = [(big, g / eta, e) for big, g, e in zip(last[:n], last[n:2 * n], last[2 * n:3 * n])]
+        return (grads, out, hidden, steps, max(last[:n]), max(first[:n]), layers,
+                residual_floor_of(max(last[3 * n:]), x.dtype))
+    a1, mu1, m1, hidden, out = _pc_forward(x, Ws, bs, lin, bounds)
+    Wts = [W.t() for W in Ws]
     it, move, first, layers, floor = 0, math.inf, None, None, None
     for it in range(1, steps + 1):
         check = it == 1 or it == steps or (tol is not None and it % 5 == 0)
-        hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, tuple(lin), bounds, eta, precision, check)
+        hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, lin, bounds, eta, precision, check)
         if check:
             stats = m.tolist() if m is not None else []   # one synchronisation per checked step
-            n = len(stats) // 4
             move = max(stats[:n], default=0.0)
             first = move if it == 1 else first
             if it == steps:
@@ -169,19 +176,62 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
                 floor = residual_floor_of(max(stats[3 * n:], default=0.0), x.dtype)
             if tol is not None and move <= tol:
                 break
-    z = [x] + hidden + [target]
+    return _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision), out, hidden, it, move, first, layers, floor
+
+
+def _pc_forward(x: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple):
+    """The forward pass that starts predictive coding (every hidden error 0): ``(a_1, f(a_1), f'(a_1) or None,
+    hidden copies, output)``."""
+    L = len(Ws)
+    a1 = torch.addmm(bs[0], x, Ws[0].t())
+    mu1 = a1 if L == 1 or lin[0] else a1.clamp(min=bounds[0][0], max=bounds[0][1])
+    m1 = None if L == 1 or lin[0] else mu1 == a1    # f'(a) of a box unit: 1 where the clamp leaves a unchanged
+    z = [x]
+    for k in range(1, L):
+        if k > 1:
+            a = torch.addmm(bs[k - 1], z[-1], Ws[k - 1].t())
+            z.append(a if lin[k - 1] else a.clamp(min=bounds[k - 1][0], max=bounds[k - 1][1]))
+        else:
+            z.append(mu1)
+    out = torch.addmm(bs[L - 1], z[L - 1], Ws[L - 1].t())
+    return a1, mu1, m1, [t.clone() for t in z[1:L]], out
+
+
+def _pc_grads(x: torch.Tensor, hidden: list, target: torch.Tensor, a1: torch.Tensor, Ws: list, bs: list,
+              lin: tuple, bounds: tuple, precision: float) -> list:
+    """The envelope gradient at the value nodes: ``(∇W_{k-1}, ∇b_{k-1}) = (−d_k z_{k-1}ᵀ, −Σ d_k) / (Bπ)``."""
+    L, B = len(Ws), x.shape[0]
+    z = [x] + list(hidden) + [target]
     grads = []
     for k in range(1, L + 1):
         a = a1 if k == 1 else torch.addmm(bs[k - 1], z[k - 1], Ws[k - 1].t())
         if k < L:
-            e = z[k] - units[k - 1].project(a)
-            if not units[k - 1].is_linear:
-                e = e * (~units[k - 1].engaged(a)).to(a.dtype)
+            if lin[k - 1]:
+                e = z[k] - a
+            else:
+                f = a.clamp(min=bounds[k - 1][0], max=bounds[k - 1][1])
+                e = (z[k] - f) * (f == a).to(a.dtype)
         else:
             e = (z[k] - a) * precision
         e = e * (-1.0 / (B * precision))
         grads.append((e.t().mm(z[k - 1]), e.sum(0)))
-    return grads, out, z[1:L], it, move, first, layers, floor
+    return grads
+
+
+def _pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple,
+                  steps: int, eta: float, precision: float):
+    """A whole batch of predictive coding as one pure function (forward pass, ``steps`` simultaneous steps,
+    envelope gradient), so that one compiled call runs it: ``(grads, output, hidden, stats_1, stats_T)``, the
+    statistics of the first and the last step as :func:`_pc_step` returns them (read after the call)."""
+    a1, mu1, m1, hidden, out = _pc_forward(x, Ws, bs, lin, bounds)
+    Wts = [W.t() for W in Ws]
+    first = last = None
+    for it in range(1, steps + 1):
+        hidden, m = _pc_step(hidden, x, target, mu1, m1, Ws, Wts, bs, lin, bounds, eta, precision,
+                             it == 1 or it == steps)
+        first = m if it == 1 else first
+        last = m if it == steps else last
+    return _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision), out, hidden, first, last
 
 
 def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,
@@ -224,3 +274,4 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
 
 
 PC_STEP = CompiledStep(_pc_step, "the predictive-coding step")
+PC_INFERENCE = CompiledStep(_pc_inference, "the predictive-coding inference of a batch")

@@ -789,7 +789,7 @@ class GradientSteps(Solver):
             if self.steps:
                 fwd = problem.forward_state()[0]
                 with torch.no_grad():
-                    signal = self.step_size * max(float(g.abs().max()) for g in problem.gradients(fwd))
+                    signal = self.step_size * float(torch.stack(torch._foreach_norm(problem.gradients(fwd), math.inf)).max())
         with torch.no_grad():
             return self._run(problem, [z.clone() for z in hidden], signal)
 
