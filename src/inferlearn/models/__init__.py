@@ -11,7 +11,7 @@
 from .activations import ACTIVATIONS, make_activation
 from .build import build_model, check_arch
 from .conv import conv_net, parse_conv_arch
-from .mlp import MLP, format_arch, has_only_finite, parse_arch
+from .mlp import MLP, all_finite, format_arch, has_only_finite, parse_arch
 from .pcx_mlp import pcx_mlp
 from .residual_mlp import ResidualMLP, ScaledBranch
 from .resnet import BasicBlock, EvalBatchNorm2d, PadShortcut, ResNet, resnet18, resnet20
@@ -20,5 +20,5 @@ from .zoo import ZOO, ZooModel, build_zoo_model
 
 __all__ = ["ACTIVATIONS", "MLP", "VGG", "ZOO", "BasicBlock", "EvalBatchNorm2d", "PadShortcut", "ResNet",
            "ResidualMLP", "ScaledBranch", "ZooModel", "build_model", "build_zoo_model", "check_arch", "conv_net",
-           "format_arch", "has_only_finite", "make_activation", "parse_arch", "parse_conv_arch", "pcx_mlp",
+           "all_finite", "format_arch", "has_only_finite", "make_activation", "parse_arch", "parse_conv_arch", "pcx_mlp",
            "resnet18", "resnet20", "vgg5", "vgg7"]

@@ -41,6 +41,13 @@ def has_only_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
 
 
+def all_finite(tensors) -> bool:
+    """True when no tensor of ``tensors`` (a list) holds NaN/inf: one fused ``max|t|`` per tensor (NaN and inf
+    propagate through it and, unlike a sum, finite values never overflow it) and one synchronisation."""
+    tensors = [t.detach() for t in tensors if t.numel()]
+    return not tensors or bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, math.inf))).all())
+
+
 class MLP(nn.Module):
     """Fully connected network with box-constrained hidden units and a linear output layer.
 

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..losses import check_labels
-from ..models import has_only_finite
+from ..models import all_finite, has_only_finite
 
 
 @dataclass
@@ -117,7 +117,7 @@ class Rule(abc.ABC):
             raise ValueError(f"{type(model).__name__} has no trainable parameters (none, or all with "
                              "requires_grad=False): there is nothing for the rule to learn")
         held = [p.grad for p in params if p.grad is not None]   # gradients accumulate into .grad
-        if held and not bool(torch.isfinite(torch.stack([g.sum() for g in held]).sum())):
+        if held and not all_finite(held):
             raise ValueError(".grad of the model's parameters already holds NaN or inf before the rule ran; call "
                              "optimizer.zero_grad() before rule.backward")
         if hasattr(model, "check_input"):

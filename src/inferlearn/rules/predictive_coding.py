@@ -35,6 +35,7 @@ from ..engine.layered import LayeredEnergy, LayeredProblem
 from ..engine.solvers import GradientSteps, residual_floor
 from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
+from ..models import all_finite
 from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
 
@@ -46,8 +47,8 @@ def penalty_energy(chain: Chain, output_weight: float) -> LayeredEnergy:
 
 def check_inference_finite(name: str, chain: Chain, hidden, steps: int, step_size: float) -> None:
     """Raise :class:`ConvergenceError` when gradient-step inference left non-finite value nodes or gradients."""
-    grads = [p.grad.sum() for link in chain.links for p in link.parameters() if p.grad is not None]
-    if not all(bool(torch.isfinite(h.sum())) for h in hidden) or not bool(torch.isfinite(torch.stack(grads).sum())):
+    grads = [p.grad for link in chain.links for p in link.parameters() if p.grad is not None]
+    if not all_finite(list(hidden) + grads):
         raise ConvergenceError(f"{name}: inference diverged (non-finite value nodes after {steps} steps); "
                                f"lower step_size (now {step_size:g})")
 

@@ -38,7 +38,7 @@ from ..distributed import Group, join
 from ..engine.compiled import compile_seconds, compiling
 from ..errors import DivergenceError, InferlearnError, RunFolderError
 from ..losses import quadratic_loss, one_hot
-from ..models import build_model
+from ..models import all_finite, build_model
 from ..rules import Rule, make_rule
 from .run_folder import RunFolder
 from .schedules import make_schedule
@@ -144,9 +144,6 @@ def batch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
 
 
-def _weights_finite(model: torch.nn.Module) -> bool:
-    # One reduction per parameter and one sync: a NaN/inf anywhere makes the total non-finite.
-    return bool(torch.isfinite(torch.stack([p.detach().sum() for p in model.parameters()]).sum()))
 
 
 def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, last_good: str = "none") -> float:
@@ -191,7 +188,7 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             raise DivergenceError(f"The optimiser step failed at epoch {epoch}, step {step + 1} ({exc}); "
                                   f"learning rate {s.optimizer.param_groups[0]['lr']:g} is too large for "
                                   f"{next(s.model.parameters()).dtype}; last good checkpoint: {last_good}") from None
-        if not _weights_finite(s.model):
+        if not all_finite(params):
             raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch}, step {step + 1} "
                                   f"(rule {config.rule}, lr {config.lr}); last good checkpoint: {last_good}. "
                                   "Try a smaller learning rate.")
