@@ -120,11 +120,12 @@ BP_STEP = CompiledStep(_bp_step, "the back-propagation step")
 
 @torch.no_grad()
 def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor, steps: int, eta: float,
-                            precision: float, tol: float | None) -> tuple:
+                            precision: float, tol: float | None, output: str = "se") -> tuple:
     """Predictive coding on a dense chain: ``T`` simultaneous steps, then the envelope gradient.
 
-    The penalty energy ``F = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − a_L‖²`` (``π`` = ``precision``).
-    With ``ε_k = z_k − f_k(a_k)`` and ``d_k = ε_k ⊙ f_k'(a_k)``::
+    The penalty energy ``F = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − a_L‖²`` (``π`` = ``precision``), or with
+    ``output="ce"`` the cross-entropy output term ``π CE(y, softmax(a_L))``, whose output error is
+    ``d_L = y − softmax(a_L)`` instead of ``y − a_L``. With ``ε_k = z_k − f_k(a_k)`` and ``d_k = ε_k ⊙ f_k'(a_k)``::
 
         z_k ← z_k − η ε_k + η W_kᵀ d_{k+1}          (simultaneous, from the forward pass)
         ∇W_{k-1} = −d_k z_{k-1}ᵀ / (Bπ),   ∇b_{k-1} = −d_k / (Bπ)
@@ -156,7 +157,8 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     it, move, first, layers = 0, math.inf, None, None
     for it in range(1, steps + 1):
         check = it == 1 or it == steps or (tol is not None and it % 5 == 0)
-        hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, tuple(lin), bounds, eta, precision, check)
+        hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, tuple(lin), bounds, eta, precision, check,
+                            output)
         if check:
             stats = m.tolist() if m is not None else []   # one synchronisation per checked step
             move = max((row[0] for row in stats), default=0.0)
@@ -174,18 +176,18 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
             if not units[k - 1].is_linear:
                 e = e * (~units[k - 1].engaged(a)).to(a.dtype)
         else:
-            e = (z[k] - a) * precision
+            e = (z[k] - (torch.softmax(a, dim=1) if output == "ce" else a)) * precision
         e = e * (-1.0 / (B * precision))
         grads.append((e.t().mm(z[k - 1]), e.sum(0)))
     return grads, out, z[1:L], it, move, first, layers
 
 
 def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,
-             bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool):
+             bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool, output: str = "se"):
     """One simultaneous step of predictive coding on a dense chain (returns new hidden layers, and when ``check``
     a ``(L−1, 3)`` tensor of ``(max|Δz_k|, ‖Δz_k‖, ‖ε_k‖)`` per hidden layer, ``Δz_k = −η ∂F/∂z_k`` the step and
     ``ε_k`` the prediction error at the step's start). ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input
-    is), ``Wts[k] = W_kᵀ``."""
+    is), ``Wts[k] = W_kᵀ``; ``output="ce"``: the output error is ``y − softmax(a_L)``."""
     L = len(Ws)
     z = [x, *hidden, target]
     eps, d = [None] * (L + 1), [None] * (L + 1)
@@ -203,7 +205,7 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
                 m = mu == a
             else:
                 mu, m = a, None
-        eps[k] = z[k] - mu
+        eps[k] = z[k] - (torch.softmax(mu, dim=1) if k == L and output == "ce" else mu)
         d[k] = eps[k] if m is None else eps[k] * m
     if precision != 1.0:
         d[L] = d[L] * precision

@@ -40,6 +40,8 @@ import torch
 from .chain import Chain, Link, is_affine
 
 KINDS = ("lifted", "penalty", "fenchel")
+#: output terms of the penalty energy: squared error ``½‖z_L − f_L(a_L)‖²`` or cross-entropy ``CE(z_L, softmax(f_L(a_L)))``
+OUTPUTS = ("se", "ce")
 
 
 class LayeredEnergy:
@@ -49,11 +51,17 @@ class LayeredEnergy:
         chain: the model's chain.
         kind: ``"lifted"``, ``"penalty"`` or ``"fenchel"``.
         term_weights: ``[w_1, …, w_L]`` (positive).
+        output: the output term of the ``penalty`` kind (:data:`OUTPUTS`): ``"se"``, the squared error
+            ``½‖z_L − f_L(a_L)‖²``, or ``"ce"``, the cross-entropy ``−Σ_j z_{L,j} log softmax(f_L(a_L))_j`` of the
+            clamped target ``z_L`` (PCX's classification energy), whose error sent down is ``z_L − softmax(a_L)``.
     """
 
-    def __init__(self, chain: Chain, kind: str, term_weights: Sequence[float]):
+    def __init__(self, chain: Chain, kind: str, term_weights: Sequence[float], output: str = "se"):
         if kind not in KINDS:
             raise ValueError(f"Unknown energy kind {kind!r}; choose one of {list(KINDS)}")
+        if output not in OUTPUTS or (output != "se" and kind != "penalty"):
+            raise ValueError(f"Invalid output: {output!r} (choose one of {list(OUTPUTS)}; 'ce' needs the penalty kind)")
+        self.output = output
         if len(term_weights) != chain.depth or not all(math.isfinite(w) and w > 0 for w in term_weights):
             raise ValueError(f"Need {chain.depth} positive term weights, got {list(term_weights)}")
         self.chain, self.kind = chain, kind
@@ -88,6 +96,8 @@ class LayeredEnergy:
     def term(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Per-row ``T_k(z_k, a_k)`` (unweighted)."""
         link = self.link(k)
+        if self.output == "ce" and k == self.depth:
+            return -(z * torch.log_softmax(link.act(a).flatten(1), dim=1)).sum(1)
         if self.kind == "penalty":
             d = z - link.act(a)
         else:
@@ -101,9 +111,11 @@ class LayeredEnergy:
         """``r_k = −∂T_k/∂a_k``, the error sent down through ``A_kᵀ`` (box units or a linear output)::
 
             lifted  z − a      fenchel  z − Π(a)      penalty  (z − f(a)) ⊙ f'(a)
+
+        (the linear output's ``z − a``, or ``z − softmax(a)`` with the cross-entropy output term).
         """
         if k == self.depth:
-            return z - a
+            return z - torch.softmax(a, dim=1) if self.output == "ce" else z - a
         units = self.link(k).units
         if self.kind == "lifted":
             return z - a
@@ -425,7 +437,7 @@ class LayeredProblem(BatchProblem):
             # f'(a) of a box unit is 1 exactly where the clamp leaves a unchanged (autograd's convention)
             if links[k - 1].reads_hidden:   # an error that only reads the input is never sent down
                 down[k] = eps[k] if units.is_linear else eps[k] * (f == pre[k])
-        eps[L] = down[L] = zs[L] - pre[L]
+        eps[L] = down[L] = e.error(L, zs[L], pre[L])
         for k in range(1, L):
             yield k, zs[k], eps[k], [(c, down[c], adj) for c, adj in self._adj[k]]
 

@@ -32,16 +32,18 @@ from torch import nn
 from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
 from ..engine.layered import LayeredEnergy, LayeredProblem
-from ..engine.solvers import GradientSteps, residual_floor
+from ..engine.layered import OUTPUTS
+from ..engine.solvers import GradientSteps, OptimizerSteps, residual_floor
 from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
 
 
-def penalty_energy(chain: Chain, output_weight: float) -> LayeredEnergy:
-    """``F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖z_L − f_L(a_L)‖²``: hidden terms weight 1, the output ``π``."""
-    return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [output_weight])
+def penalty_energy(chain: Chain, output_weight: float, output: str = "se") -> LayeredEnergy:
+    """``F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖z_L − f_L(a_L)‖²``: hidden terms weight 1, the output ``π``
+    (``output="ce"``: ``π CE(z_L, softmax(f_L(a_L)))`` at the top)."""
+    return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [output_weight], output=output)
 
 
 def check_inference_finite(name: str, chain: Chain, hidden, steps: int, step_size: float) -> None:
@@ -68,7 +70,18 @@ class PredictiveCoding(Rule):
         tol: stop early when the largest step is ``≤ tol`` (checked every 5 steps; warns when
             ``steps`` run out first); ``None``: exactly ``steps`` steps.
         output_weight: the precision ``π`` of the output term; the gradient is divided by ``π``.
-        engine: ``auto`` (fused for dense chains), ``fused`` or ``generic``.
+        output: the output energy: ``"se"``, the squared error ``(π/2)‖y − f_L(a_L)‖²``, or ``"ce"``, the
+            cross-entropy ``π CE(y, softmax(a_L)) = −π Σ_j y_j log softmax(a_L)_j`` (PCX's benchmark energy for
+            classification, Pinchetti et al. 2024), so that the output error sent down is ``π (y − softmax(a_L))``
+            instead of ``π (y − a_L)``: the network's output is the logits.
+        inference_optimizer: the update of the value nodes: ``"sgd"``, the plain steps ``z ← z − η ∂F/∂z``;
+            ``"momentum"`` (heavy ball, ``torch.optim.SGD``'s) or ``"adam"`` (``torch.optim.Adam``'s), PCX's optax
+            optimisers on the value nodes, with learning rate ``step_size`` and a fresh state on every batch
+            (:class:`~inferlearn.engine.solvers.OptimizerSteps`, on the generic engine; its convergence checks measure
+            ``η max|∂F/∂z|``, the plain step at the point, instead of the optimiser's step).
+        inference_momentum: the momentum ``μ`` (``"momentum"``) or Adam's ``β₁`` (0.9; Adam's ``β₂ = 0.999``,
+            ``ε = 1e-8``).
+        engine: ``auto`` (fused for dense chains with the plain steps), ``fused`` or ``generic``.
 
     Convergence: every batch checks the first and the last step
     (:class:`~inferlearn.engine.solvers.GradientSteps`, about 1 % of a batch). At the defaults inference is
@@ -89,21 +102,40 @@ class PredictiveCoding(Rule):
     step_size: float = 0.1
     tol: float | None = None
     output_weight: float = 1.0
+    output: str = "se"
+    inference_optimizer: str = "sgd"
+    inference_momentum: float = 0.9
     engine: str = "auto"
 
     def __post_init__(self) -> None:
         check_positive("output_weight", self.output_weight)
         check_engine(self.engine)
+        if self.output not in OUTPUTS:
+            raise ValueError(f"Invalid output: {self.output!r}; choose one of {list(OUTPUTS)}")
+        if self.inference_optimizer not in ("sgd", *OptimizerSteps.OPTIMIZERS):
+            raise ValueError(f"Invalid inference_optimizer: {self.inference_optimizer!r}; choose one of "
+                             f"{['sgd', *OptimizerSteps.OPTIMIZERS]}")
+        if self.inference_optimizer != "sgd" and self.engine == "fused":
+            raise ValueError(f"Invalid engine: 'fused' (inference_optimizer={self.inference_optimizer!r} runs on the "
+                             "generic engine; use engine='auto')")
         if isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps == 0:
             raise ValueError("Invalid steps: 0 (predictive coding needs at least one inference step: without one the "
                              "output error stays at the top and only the last layer learns; use steps >= 1)")
-        self._solver = GradientSteps(self.steps, self.step_size, self.tol, label=self.name)
+        self._solver = self._inference_solver()
         if self.step_size >= 2:   # F's curvature along a value node is at least 1 (its own term): η ≥ 2 diverges
             raise ValueError(f"Invalid step_size: {self.step_size} (must be < 2 for the inference steps to descend)")
 
+    def _inference_solver(self) -> GradientSteps:
+        if self.inference_optimizer == "sgd":
+            return GradientSteps(self.steps, self.step_size, self.tol, label=self.name)
+        if not (isinstance(self.inference_momentum, (int, float)) and 0 <= self.inference_momentum < 1):
+            raise ValueError(f"Invalid inference_momentum: {self.inference_momentum}")
+        return OptimizerSteps(self.steps, self.step_size, self.tol, optimizer=self.inference_optimizer,
+                              momentum=self.inference_momentum, label=self.name)
+
     def energy(self, chain: Chain) -> LayeredEnergy:
         """The penalty energy of a chain (hidden terms weight 1, the output term ``π``)."""
-        return penalty_energy(chain, self.output_weight)
+        return penalty_energy(chain, self.output_weight, self.output)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self._chain(model, x)
@@ -123,7 +155,7 @@ class PredictiveCoding(Rule):
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
         chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
-        fused = chain.is_dense and self.engine != "generic"
+        fused = chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd"
         if self.engine == "fused" and not fused:
             raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")
         return chain, fused
@@ -133,7 +165,7 @@ class PredictiveCoding(Rule):
         B, L, pi = x.shape[0], chain.depth, self.output_weight
         if fused:
             grads, output, hidden, it, move, first, layers = dense_predictive_coding(
-                chain, x.reshape(B, -1), target, self.steps, self.step_size, pi, self.tol)
+                chain, x.reshape(B, -1), target, self.steps, self.step_size, pi, self.tol, self.output)
             # the same verdict (and warnings) as the generic solver's
             info = self._solver.report(it, move, first, layers, residual_floor(hidden)) if it > 0 else None
             accumulate_dense_grads(chain, grads)
