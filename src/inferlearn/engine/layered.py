@@ -459,6 +459,10 @@ class LayeredProblem(BatchProblem):
             out = torch.maximum(out, v.abs().flatten(1).amax(dim=1))
         return out
 
+    def with_nudge(self, nudge: torch.Tensor) -> "LayeredProblem":
+        """The same problem (rows, targets, ``β``, shared ``a_1``) with the nudge direction ``g`` replaced."""
+        return LayeredProblem(self.energy, self.x, self.target, self.clamped, nudge, self.beta, self.a1)
+
     def stacked(self, copies: int, init: Sequence[torch.Tensor] | None = None, **kwargs) -> "LayeredProblem":
         """``copies`` stacked copies of this batch as one problem (phases solved together), sharing
         ``A_1(x)`` and the forward pass (or the point ``init``, e.g. the free equilibrium, as the start).
