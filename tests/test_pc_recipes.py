@@ -145,3 +145,72 @@ def test_momentum_inference_converges_and_says_so():
 def test_bad_recipe_options(opts, msg):
     with pytest.raises(ValueError, match=msg):
         make_rule("pc", opts)
+
+
+def reference_nudged_pc(net, x, y, steps, eta, beta, nudging, loss="se"):
+    """Nudged PC by autograd: the output a free value node at ``a_L``, ``steps`` plain steps on
+    ``F + sβℓ(z_L)`` per phase, then ``Σ weight · ∇_θ F / (Bβ)`` (the free phase's ``∇_θ F`` is zero)."""
+    lins, acts = [m for m in net if isinstance(m, nn.Linear)], [m for m in net if not isinstance(m, nn.Linear)]
+    acts = acts + [nn.Identity()]
+    with torch.no_grad():
+        zs = [x]
+        for lin, act in zip(lins, acts):
+            zs.append(act(lin(zs[-1])))
+
+    def energy(z):
+        z = [x, *z]
+        return sum(0.5 * (z[k + 1] - act(lin(z[k]))).pow(2).sum() for k, (lin, act) in enumerate(zip(lins, acts)))
+
+    def ell(z):
+        return 0.5 * (z - y).pow(2).sum() if loss == "se" else -(y * F.log_softmax(z, dim=1)).sum()
+
+    phases = {"positive": ((1, 1.0),), "negative": ((-1, -1.0),), "symmetric": ((1, 0.5), (-1, -0.5))}[nudging]
+    out = [torch.zeros_like(p) for p in net.parameters()]
+    for s, weight in phases:
+        z = [v.clone() for v in zs[1:]]
+        for _ in range(steps):
+            z = [v.detach().requires_grad_(True) for v in z]
+            grads = torch.autograd.grad(energy(z) + s * beta * ell(z[-1]), z)
+            z = [v - eta * g for v, g in zip(z, grads)]
+        net.zero_grad()
+        energy([v.detach() for v in z]).backward()
+        out = [o + weight * p.grad / (x.shape[0] * beta) for o, p in zip(out, net.parameters())]
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::inferlearn.errors.ConvergenceWarning")
+@pytest.mark.parametrize("nudging,output", [("positive", "se"), ("negative", "ce"), ("symmetric", "se"),
+                                            ("symmetric", "ce")])
+def test_nudged_pc_equals_autograd_reference(nudging, output):
+    """Guards against a clamped (not free) output node, a wrong phase sign or weight, the nudge's loss in the
+    weight gradient, or a missing 1/β."""
+    net, (x, labels) = _net(), _batch()
+    ref = reference_nudged_pc(net, x, one_hot(labels, 3, DT), 15, 0.2, 0.3, nudging, output)
+    got, info = _rule_grads(make_rule("pc", {"steps": 15, "step_size": 0.2, "nudging": nudging, "beta": 0.3,
+                                             "output": output}), net, x, labels)
+    _close(got, ref)
+    assert info.output.shape == (8, 3)
+
+
+def test_centred_nudged_pc_at_equilibrium_is_backprop_as_beta_vanishes():
+    """Without the nudge the equilibrium is the forward pass, so as β → 0 the nudged estimate is back-propagation's
+    gradient exactly (not the clamp's filtered deltas): error O(β²) centred, O(β) positive (float64, converged).
+    Guards against a nudge on the pre-activation instead of the output node, or a wrong scale of either phase."""
+    from inferlearn.rules import BackProp
+
+    torch.manual_seed(1)   # smooth units: with kinks (ReLU, hard tanh) the plain steps stall near the equilibrium
+    model = nn.Sequential(nn.Linear(6, 7), nn.Tanh(), nn.Linear(7, 5), nn.Tanh(), nn.Linear(5, 3)).to(DT)
+    x, labels = _batch()
+    for output, loss in (("se", "quadratic"), ("ce", "cross-entropy")):
+        bp, _ = _rule_grads(BackProp(loss=loss, fused=False), model, x, labels)
+        errs = {}
+        for nudging in ("positive", "symmetric"):
+            for beta in (2e-2, 1e-2):
+                rule = make_rule("pc", {"steps": 5000, "step_size": 0.3, "tol": 1e-14, "nudging": nudging,
+                                        "beta": beta, "output": output})
+                got, info = _rule_grads(rule, model, x, labels)
+                assert info.extras["converged"]
+                num = sum(float((g - b).pow(2).sum()) for g, b in zip(got, bp)) ** 0.5
+                errs[nudging, beta] = num / sum(float(b.pow(2).sum()) for b in bp) ** 0.5
+        assert errs["symmetric", 1e-2] < 1e-3 and 3.3 < errs["symmetric", 2e-2] / errs["symmetric", 1e-2] < 4.7, errs
+        assert 1.7 < errs["positive", 2e-2] / errs["positive", 1e-2] < 2.3, errs

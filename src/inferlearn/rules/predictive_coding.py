@@ -31,8 +31,8 @@ from torch import nn
 
 from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
-from ..engine.layered import LayeredEnergy, LayeredProblem
-from ..engine.layered import OUTPUTS
+from ..engine.layered import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
+from ..engine.phases import check_beta, check_nudging, nudged_phases
 from ..engine.solvers import GradientSteps, OptimizerSteps, residual_floor
 from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
@@ -81,7 +81,18 @@ class PredictiveCoding(Rule):
             ``η max|∂F/∂z|``, the plain step at the point, instead of the optimiser's step).
         inference_momentum: the momentum ``μ`` (``"momentum"``) or Adam's ``β₁`` (0.9; Adam's ``β₂ = 0.999``,
             ``ε = 1e-8``).
-        engine: ``auto`` (fused for dense chains with the plain steps), ``fused`` or ``generic``.
+        nudging: ``"clamp"`` (the output clamped to the target, standard PC) or PCX's nudged variants, where the
+            output node ``z_L`` is a free value node (started at ``a_L``) with the loss ``± β ℓ(z_L)`` added
+            (``ℓ = ½‖z_L − y‖²``, or ``CE(y, softmax(z_L))`` with ``output="ce"``; the output node's own term stays
+            ``(π/2)‖z_L − a_L‖²``): ``"positive"`` ``∇θ = ∇θF(ẑ₊)/β``, ``"negative"`` ``−∇θF(ẑ₋)/β``,
+            ``"symmetric"`` (centred) ``[∇θF(ẑ₊) − ∇θF(ẑ₋)]/(2β)``, all divided by ``B``. The free phase needs no
+            solve: without the nudge the equilibrium is the forward pass, where every term of ``F`` and
+            ``∇θF`` vanish. Hence the limit: at equilibrium, as ``β → 0`` the gradient is back-propagation's of
+            ``ℓ`` (exactly, unlike the clamp's ``(I + WᵀW)^{-1}`` filtering), with error O(β) one-sided and
+            O(β²) centred (equilibrium propagation on the penalty energy, Scellier & Bengio 2017). Generic engine
+            (:class:`~inferlearn.engine.layered.NudgedOutputProblem`).
+        beta: the nudging strength ``β > 0`` (0.1; read only when nudging).
+        engine: ``auto`` (fused for dense chains with the plain steps and the clamp), ``fused`` or ``generic``.
 
     Convergence: every batch checks the first and the last step
     (:class:`~inferlearn.engine.solvers.GradientSteps`, about 1 % of a batch). At the defaults inference is
@@ -105,6 +116,8 @@ class PredictiveCoding(Rule):
     output: str = "se"
     inference_optimizer: str = "sgd"
     inference_momentum: float = 0.9
+    nudging: str = "clamp"
+    beta: float = 0.1
     engine: str = "auto"
 
     def __post_init__(self) -> None:
@@ -118,6 +131,12 @@ class PredictiveCoding(Rule):
         if self.inference_optimizer != "sgd" and self.engine == "fused":
             raise ValueError(f"Invalid engine: 'fused' (inference_optimizer={self.inference_optimizer!r} runs on the "
                              "generic engine; use engine='auto')")
+        if self.nudging != "clamp":
+            check_nudging(self.nudging)
+            check_beta(self.beta)
+            if self.engine == "fused":
+                raise ValueError(f"Invalid engine: 'fused' (nudging={self.nudging!r} runs on the generic engine; use "
+                                 "engine='auto')")
         if isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps == 0:
             raise ValueError("Invalid steps: 0 (predictive coding needs at least one inference step: without one the "
                              "output error stays at the top and only the last layer learns; use steps >= 1)")
@@ -139,6 +158,8 @@ class PredictiveCoding(Rule):
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self._chain(model, x)
+        if self.nudging != "clamp":
+            return self._nudged(chain, x, labels)
         if fused:
             return self._clamped(chain, True, x, one_hot(labels, chain.links[-1].linear.out_features, x.dtype))
         free = LayeredProblem(self.energy(chain), x)   # its forward pass gives the output width, and is reused
@@ -155,7 +176,7 @@ class PredictiveCoding(Rule):
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
         chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
-        fused = chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd"
+        fused = chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd" and self.nudging == "clamp"
         if self.engine == "fused" and not fused:
             raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")
         return chain, fused
@@ -181,3 +202,25 @@ class PredictiveCoding(Rule):
         if info is not None:
             extras.update(solver_residual=info.residual, converged=info.converged, far=info.far)
         return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(), extras=extras)
+
+    def _nudged(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        """Nudged predictive coding: the output a free value node, the nudged phases stacked into one solve."""
+        B, L = x.shape[0], chain.depth
+        if L == 1:
+            raise ValueError(f"nudging={self.nudging!r} needs a hidden layer (a model of one layer has none to infer)")
+        energy = penalty_energy(chain, self.output_weight, "se")
+        free = LayeredProblem(energy, x)
+        a_top = free.forward_state()[1][L]
+        output = chain.links[-1].act(a_top)
+        y = one_hot(labels, a_top.shape[1], x.dtype)
+        phases = [p for p in nudged_phases(self.nudging) if p.sign != 0]   # ∇θF of the free phase is 0
+        rows = lambda v: torch.cat([torch.full((B,), float(v(p)), dtype=x.dtype, device=x.device) for p in phases])
+        n = len(phases)
+        problem = NudgedOutputProblem(energy, torch.cat([x] * n), torch.cat([y] * n), rows(lambda p: p.sign),
+                                      self.beta, self.output, a1=torch.cat([free.a1] * n))
+        hidden, info = self._solver.solve(problem)
+        problem.accumulate_weight_grads(hidden, rows(lambda p: p.weight) / (B * self.beta), precise=n > 1)
+        check_inference_finite(self.name, chain, hidden, info.iterations, self.step_size)
+        extras = {"inference_steps": info.iterations, "hidden": [h.detach() for h in hidden],
+                  "solver_residual": info.residual, "converged": info.converged, "far": info.far}
+        return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
