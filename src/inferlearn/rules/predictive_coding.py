@@ -92,6 +92,15 @@ class PredictiveCoding(Rule):
             O(β²) centred (equilibrium propagation on the penalty energy, Scellier & Bengio 2017). Generic engine
             (:class:`~inferlearn.engine.layered.NudgedOutputProblem`).
         beta: the nudging strength ``β > 0`` (0.1; read only when nudging).
+        weight_step: incremental predictive coding (iPC, Salvatori et al. 2024) when set: the weight learning rate
+            ``α`` with which the weights move at *every* inference step. The contract (a rule fills ``.grad`` and
+            never steps) is kept by working weights: each step ``t = 1 … T`` updates the value nodes at the current
+            weights, ``z_t = z_{t-1} − η ∂F/∂z (z_{t-1}, θ_{t-1})``, then the weights,
+            ``θ_t = θ_0 − α S_t``, ``S_t = Σ_{s≤t} g_s``, ``g_s = ∇θF(z_s, θ_{s-1}) / (Bπ)`` (Algorithm 1's order:
+            value nodes, then weights); at the end the model's parameters are restored to ``θ_0`` (bit for bit) and
+            ``S_T`` is accumulated into ``.grad``, so that one plain SGD step of rate ``α`` (no momentum, no weight
+            decay) moves the weights to iPC's ``θ_T``. As ``α → 0`` this is PC's gradient summed along its
+            trajectory. Plain steps, clamped output, generic engine; ``None`` (default): standard PC.
         engine: ``auto`` (fused for dense chains with the plain steps and the clamp), ``fused`` or ``generic``.
 
     Convergence: every batch checks the first and the last step
@@ -118,6 +127,7 @@ class PredictiveCoding(Rule):
     inference_momentum: float = 0.9
     nudging: str = "clamp"
     beta: float = 0.1
+    weight_step: float | None = None
     engine: str = "auto"
 
     def __post_init__(self) -> None:
@@ -131,6 +141,11 @@ class PredictiveCoding(Rule):
         if self.inference_optimizer != "sgd" and self.engine == "fused":
             raise ValueError(f"Invalid engine: 'fused' (inference_optimizer={self.inference_optimizer!r} runs on the "
                              "generic engine; use engine='auto')")
+        if self.weight_step is not None:
+            check_positive("weight_step", self.weight_step)
+            if self.inference_optimizer != "sgd" or self.nudging != "clamp" or self.engine == "fused":
+                raise ValueError("Invalid weight_step: incremental PC runs plain inference steps on a clamped output "
+                                 "on the generic engine (inference_optimizer='sgd', nudging='clamp', engine='auto')")
         if self.nudging != "clamp":
             check_nudging(self.nudging)
             check_beta(self.beta)
@@ -160,6 +175,8 @@ class PredictiveCoding(Rule):
         chain, fused = self._chain(model, x)
         if self.nudging != "clamp":
             return self._nudged(chain, x, labels)
+        if self.weight_step is not None:
+            return self._incremental(chain, x, labels)
         if fused:
             return self._clamped(chain, True, x, one_hot(labels, chain.links[-1].linear.out_features, x.dtype))
         free = LayeredProblem(self.energy(chain), x)   # its forward pass gives the output width, and is reused
@@ -176,7 +193,8 @@ class PredictiveCoding(Rule):
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
         chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
-        fused = chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd" and self.nudging == "clamp"
+        fused = (chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd"
+                 and self.nudging == "clamp" and self.weight_step is None)
         if self.engine == "fused" and not fused:
             raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")
         return chain, fused
@@ -224,3 +242,44 @@ class PredictiveCoding(Rule):
         extras = {"inference_steps": info.iterations, "hidden": [h.detach() for h in hidden],
                   "solver_residual": info.residual, "converged": info.converged, "far": info.far}
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
+
+    def _incremental(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        """iPC on working weights (see ``weight_step``): ``.grad += S_T``, the parameters restored to ``θ_0``."""
+        B, L, eta, alpha = x.shape[0], chain.depth, self.step_size, self.weight_step
+        energy = self.energy(chain)
+        params = [p for link in chain.links for p in link.parameters() if p.requires_grad]
+        params = list({id(p): p for p in params}.values())
+        held = [p.grad for p in params]
+        start = [p.detach().clone() for p in params]
+        first = LayeredProblem(energy, x)
+        output = chain.links[-1].act(first.forward_state()[1][L])
+        target = one_hot(labels, output.shape[1], x.dtype)
+        hidden = [h.clone() for h in first.forward_state()[0]]
+        move = 0.0
+        try:
+            for p in params:
+                p.grad = None
+            for _ in range(self.steps):
+                problem = LayeredProblem(energy, x, target=target)   # a fresh problem: A_1(x) at the current weights
+                with torch.no_grad():
+                    old = [h.clone() for h in hidden]
+                    hidden = problem.gradient_step(hidden, eta)
+                    move = max((float((h - o).abs().max()) for h, o in zip(hidden, old)), default=0.0)
+                problem.accumulate_weight_grads(hidden, 1.0 / (B * self.output_weight), precise=False)
+                with torch.no_grad():
+                    for p, p0 in zip(params, start):
+                        p.copy_(torch.add(p0, p.grad, alpha=-alpha))
+        except BaseException:
+            for p, g in zip(params, held):   # a failed step leaves .grad as it found it
+                p.grad = g
+            raise
+        finally:
+            with torch.no_grad():
+                for p, p0 in zip(params, start):
+                    p.copy_(p0)
+        for p, g in zip(params, held):
+            if g is not None:
+                p.grad = g.add_(p.grad) if p.grad is not None else g
+        check_inference_finite(self.name, chain, hidden, self.steps, eta)
+        extras = {"inference_steps": self.steps, "hidden": [h.detach() for h in hidden], "last_move": move}
+        return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(), extras=extras)
