@@ -5,7 +5,10 @@
   energy;
 * ``inference_optimizer="momentum" | "adam"``: ``torch.optim.SGD(momentum)`` / ``torch.optim.Adam`` on the value
   nodes as leaf tensors of the autograd energy; the convergence check reports ``η max|∂F/∂z|`` at the last step's
-  start.
+  start;
+* ``nudging``: a free output value node with ``±βℓ(z_L)``, equal to the same steps on the autograd energy, and at
+  equilibrium back-propagation's gradient as β → 0 (O(β) one-sided, O(β²) centred);
+* ``weight_step`` (iPC): one SGD step on the rule's gradient equals a hand-written iPC loop.
 """
 import pytest
 import torch
@@ -141,6 +144,11 @@ def test_momentum_inference_converges_and_says_so():
     ({"inference_optimizer": "rmsprop"}, "Invalid inference_optimizer: 'rmsprop'"),
     ({"inference_optimizer": "adam", "inference_momentum": 1.0}, "Invalid inference_momentum: 1.0"),
     ({"inference_optimizer": "adam", "engine": "fused"}, "Invalid engine: 'fused'"),
+    ({"nudging": "centred"}, "Invalid nudging: 'centred'"),
+    ({"nudging": "symmetric", "beta": 0}, "Invalid beta: 0"),
+    ({"weight_step": 0}, "Invalid weight_step: 0"),
+    ({"weight_step": 0.1, "inference_optimizer": "momentum"}, "Invalid weight_step"),
+    ({"weight_step": 0.1, "tol": 1e-6}, "Invalid weight_step"),
 ])
 def test_bad_recipe_options(opts, msg):
     with pytest.raises(ValueError, match=msg):

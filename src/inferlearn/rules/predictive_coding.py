@@ -18,9 +18,14 @@ with the usual hard clamp ``π = 1`` the hidden errors are ``(I + WᵀW)^{-1}``-
 back-propagation's deltas. Run to convergence this is also the penalty form of MAC (auxiliary
 coordinates with a quadratic penalty, weights updated at the minimiser), restarted on every batch.
 
+PCX's benchmark recipes are options (Pinchetti et al. 2024): the cross-entropy output energy (``output="ce"``),
+momentum or Adam on the value nodes (``inference_optimizer``), a free output nudged by ``±βℓ`` instead of the
+clamp (``nudging``), and incremental PC with the weights moved at every inference step (``weight_step``).
+
 References:
-    Whittington & Bogacz (2017); Song et al. (2020); Pinchetti et al. (2024), PCX; Carreira-Perpiñán &
-    Wang (2014), MAC; Zach, "Bilevel programs meet deep learning", Table 1 (PCN row).
+    Whittington & Bogacz (2017); Song et al. (2020); Pinchetti et al. (2024), PCX; Salvatori et al. (2024),
+    iPC; Scellier & Bengio (2017), nudging; Carreira-Perpiñán & Wang (2014), MAC; Zach, "Bilevel programs meet
+    deep learning", Table 1 (PCN row).
 """
 from __future__ import annotations
 
@@ -143,9 +148,10 @@ class PredictiveCoding(Rule):
                              "generic engine; use engine='auto')")
         if self.weight_step is not None:
             check_positive("weight_step", self.weight_step)
-            if self.inference_optimizer != "sgd" or self.nudging != "clamp" or self.engine == "fused":
+            if self.inference_optimizer != "sgd" or self.nudging != "clamp" or self.engine == "fused" or self.tol:
                 raise ValueError("Invalid weight_step: incremental PC runs plain inference steps on a clamped output "
-                                 "on the generic engine (inference_optimizer='sgd', nudging='clamp', engine='auto')")
+                                 "on the generic engine, exactly `steps` of them (inference_optimizer='sgd', "
+                                 "nudging='clamp', engine='auto', tol=None)")
         if self.nudging != "clamp":
             check_nudging(self.nudging)
             check_beta(self.beta)
