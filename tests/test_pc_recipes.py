@@ -276,3 +276,12 @@ def test_incremental_pc_with_one_sgd_step_reproduces_hand_written_ipc(act):
     _close([p.grad for p in net.parameters()], [2 * g for g in first])
     plain, _ = _rule_grads(make_rule("pc", {"steps": 8, "step_size": 0.2}), net, x, labels)
     assert max(float((a - b).abs().max()) for a, b in zip(plain, first)) > 1e-3   # not standard PC
+
+
+def test_training_defaults_the_sgd_rate_to_the_ipc_weight_step():
+    """Without --lr an iPC run steps at its weight_step (the recommended 0.4 on a sum of T gradients diverges)."""
+    from inferlearn.training import TrainConfig
+
+    cfg = TrainConfig(data="digits", arch="64-8-10", rule="pc", rule_options={"weight_step": "0.05"})
+    assert cfg.resolved().lr == 0.05
+    assert TrainConfig(data="digits", arch="64-8-10", rule="pc").resolved().lr == 0.4
