@@ -31,6 +31,7 @@ References:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -353,6 +354,10 @@ class LiftedProblem(BatchProblem):
             return self.target   # exactly y, not a + (y − a)
         free = a if self._free_res is None else a + self._free_res
         return torch.where(self.clamped.unsqueeze(1), self.target, free)
+
+    def with_nudge(self, nudge: torch.Tensor) -> "LiftedProblem":
+        """The same problem (rows, ``β``, shared ``a_1``) with the nudge direction ``g`` replaced."""
+        return dataclasses.replace(self, nudge=nudge, check=False)
 
     def full(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``[x, z_1, …, z_{L-1}, z_L]`` with the output eliminated or clamped."""

@@ -121,11 +121,12 @@ BP_STEP = CompiledStep(_bp_step, "the back-propagation step")
 
 @torch.no_grad()
 def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor, steps: int, eta: float,
-                            precision: float, tol: float | None) -> tuple:
+                            precision: float, tol: float | None, output: str = "se") -> tuple:
     """Predictive coding on a dense chain: ``T`` simultaneous steps, then the envelope gradient.
 
-    The penalty energy ``F = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − a_L‖²`` (``π`` = ``precision``).
-    With ``ε_k = z_k − f_k(a_k)`` and ``d_k = ε_k ⊙ f_k'(a_k)``::
+    The penalty energy ``F = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − a_L‖²`` (``π`` = ``precision``), or with
+    ``output="ce"`` the cross-entropy output term ``π CE(y, softmax(a_L))``, whose output error is
+    ``d_L = y − softmax(a_L)`` instead of ``y − a_L``. With ``ε_k = z_k − f_k(a_k)`` and ``d_k = ε_k ⊙ f_k'(a_k)``::
 
         z_k ← z_k − η ε_k + η W_kᵀ d_{k+1}          (simultaneous, from the forward pass)
         ∇W_{k-1} = −d_k z_{k-1}ᵀ / (Bπ),   ∇b_{k-1} = −d_k / (Bπ)
@@ -153,7 +154,7 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     bounds = tuple(u.clamp_bounds(x) for u in units)
     n = L - 1
     if tol is None and steps > 0:   # fixed steps: the whole inference in one (possibly compiled) call
-        grads, out, hidden, s1, sT = PC_INFERENCE(x, target, Ws, bs, lin, bounds, steps, eta, precision)
+        grads, out, hidden, s1, sT = PC_INFERENCE(x, target, Ws, bs, lin, bounds, steps, eta, precision, output)
         if s1 is None:
             return grads, out, hidden, steps, 0.0, 0.0, [], residual_floor_of(0.0, x.dtype)
         stats = torch.cat([s1, sT]).tolist()   # the one synchronisation of the batch
@@ -166,7 +167,7 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     it, move, first, layers, floor = 0, math.inf, None, None, None
     for it in range(1, steps + 1):
         check = it == 1 or it == steps or (tol is not None and it % 5 == 0)
-        hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, lin, bounds, eta, precision, check)
+        hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, lin, bounds, eta, precision, check, output)
         if check:
             stats = m.tolist() if m is not None else []   # one synchronisation per checked step
             move = max(stats[:n], default=0.0)
@@ -176,7 +177,8 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
                 floor = residual_floor_of(max(stats[3 * n:], default=0.0), x.dtype)
             if tol is not None and move <= tol:
                 break
-    return _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision), out, hidden, it, move, first, layers, floor
+    grads = _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output)
+    return grads, out, hidden, it, move, first, layers, floor
 
 
 def _pc_forward(x: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple):
@@ -198,7 +200,7 @@ def _pc_forward(x: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple):
 
 
 def _pc_grads(x: torch.Tensor, hidden: list, target: torch.Tensor, a1: torch.Tensor, Ws: list, bs: list,
-              lin: tuple, bounds: tuple, precision: float) -> list:
+              lin: tuple, bounds: tuple, precision: float, output: str = "se") -> list:
     """The envelope gradient at the value nodes: ``(∇W_{k-1}, ∇b_{k-1}) = (−d_k z_{k-1}ᵀ, −Σ d_k) / (Bπ)``."""
     L, B = len(Ws), x.shape[0]
     z = [x] + list(hidden) + [target]
@@ -212,14 +214,14 @@ def _pc_grads(x: torch.Tensor, hidden: list, target: torch.Tensor, a1: torch.Ten
                 f = a.clamp(min=bounds[k - 1][0], max=bounds[k - 1][1])
                 e = (z[k] - f) * (f == a).to(a.dtype)
         else:
-            e = (z[k] - a) * precision
+            e = (z[k] - (torch.softmax(a, dim=1) if output == "ce" else a)) * precision
         e = e * (-1.0 / (B * precision))
         grads.append((e.t().mm(z[k - 1]), e.sum(0)))
     return grads
 
 
 def _pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple,
-                  steps: int, eta: float, precision: float):
+                  steps: int, eta: float, precision: float, output: str = "se"):
     """A whole batch of predictive coding as one pure function (forward pass, ``steps`` simultaneous steps,
     envelope gradient), so that one compiled call runs it: ``(grads, output, hidden, stats_1, stats_T)``, the
     statistics of the first and the last step as :func:`_pc_step` returns them (read after the call)."""
@@ -228,18 +230,19 @@ def _pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin
     first = last = None
     for it in range(1, steps + 1):
         hidden, m = _pc_step(hidden, x, target, mu1, m1, Ws, Wts, bs, lin, bounds, eta, precision,
-                             it == 1 or it == steps)
+                             it == 1 or it == steps, output)
         first = m if it == 1 else first
         last = m if it == steps else last
-    return _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision), out, hidden, first, last
+    return _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output), out, hidden, first, last
 
 
 def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,
-             bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool):
+             bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool, output: str = "se"):
     """One simultaneous step of predictive coding on a dense chain (returns new hidden layers, and when ``check``
     a ``4(L−1)`` tensor: ``max|Δz_k|``, ``‖Δz_k‖``, ``‖ε_k‖`` and ``max|z_k|`` (after the step) for each hidden
     layer in turn, ``Δz_k = −η ∂F/∂z_k`` the step and ``ε_k`` the prediction error at the step's start).
-    ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input is), ``Wts[k] = W_kᵀ``."""
+    ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input is), ``Wts[k] = W_kᵀ``; ``output="ce"``: the output
+    error is ``y − softmax(a_L)``."""
     L = len(Ws)
     z = [x, *hidden, target]
     eps, d = [None] * (L + 1), [None] * (L + 1)
@@ -257,7 +260,7 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
                 m = mu == a
             else:
                 mu, m = a, None
-        eps[k] = z[k] - mu
+        eps[k] = z[k] - (torch.softmax(mu, dim=1) if k == L and output == "ce" else mu)
         d[k] = eps[k] if m is None else eps[k] * m
     if precision != 1.0:
         d[L] = d[L] * precision

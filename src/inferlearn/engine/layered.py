@@ -40,6 +40,8 @@ import torch
 from .chain import Chain, Link, is_affine
 
 KINDS = ("lifted", "penalty", "fenchel")
+#: output terms of the penalty energy: squared error ``½‖z_L − f_L(a_L)‖²`` or cross-entropy ``CE(z_L, softmax(f_L(a_L)))``
+OUTPUTS = ("se", "ce")
 
 
 class LayeredEnergy:
@@ -49,11 +51,17 @@ class LayeredEnergy:
         chain: the model's chain.
         kind: ``"lifted"``, ``"penalty"`` or ``"fenchel"``.
         term_weights: ``[w_1, …, w_L]`` (positive).
+        output: the output term of the ``penalty`` kind (:data:`OUTPUTS`): ``"se"``, the squared error
+            ``½‖z_L − f_L(a_L)‖²``, or ``"ce"``, the cross-entropy ``−Σ_j z_{L,j} log softmax(f_L(a_L))_j`` of the
+            clamped target ``z_L`` (PCX's classification energy), whose error sent down is ``z_L − softmax(a_L)``.
     """
 
-    def __init__(self, chain: Chain, kind: str, term_weights: Sequence[float]):
+    def __init__(self, chain: Chain, kind: str, term_weights: Sequence[float], output: str = "se"):
         if kind not in KINDS:
             raise ValueError(f"Unknown energy kind {kind!r}; choose one of {list(KINDS)}")
+        if output not in OUTPUTS or (output != "se" and kind != "penalty"):
+            raise ValueError(f"Invalid output: {output!r} (choose one of {list(OUTPUTS)}; 'ce' needs the penalty kind)")
+        self.output = output
         if len(term_weights) != chain.depth or not all(math.isfinite(w) and w > 0 for w in term_weights):
             raise ValueError(f"Need {chain.depth} positive term weights, got {list(term_weights)}")
         self.chain, self.kind = chain, kind
@@ -88,6 +96,8 @@ class LayeredEnergy:
     def term(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Per-row ``T_k(z_k, a_k)`` (unweighted)."""
         link = self.link(k)
+        if self.output == "ce" and k == self.depth:
+            return -(z * torch.log_softmax(link.act(a).flatten(1), dim=1)).sum(1)
         if self.kind == "penalty":
             d = z - link.act(a)
         else:
@@ -101,9 +111,11 @@ class LayeredEnergy:
         """``r_k = −∂T_k/∂a_k``, the error sent down through ``A_kᵀ`` (box units or a linear output)::
 
             lifted  z − a      fenchel  z − Π(a)      penalty  (z − f(a)) ⊙ f'(a)
+
+        (the linear output's ``z − a``, or ``z − softmax(a)`` with the cross-entropy output term).
         """
         if k == self.depth:
-            return z - a
+            return z - torch.softmax(a, dim=1) if self.output == "ce" else z - a
         units = self.link(k).units
         if self.kind == "lifted":
             return z - a
@@ -430,7 +442,7 @@ class LayeredProblem(BatchProblem):
             # f'(a) of a box unit is 1 exactly where the clamp leaves a unchanged (autograd's convention)
             if links[k - 1].reads_hidden:   # an error that only reads the input is never sent down
                 down[k] = eps[k] if units.is_linear else eps[k] * (f == pre[k])
-        eps[L] = down[L] = zs[L] - pre[L]
+        eps[L] = down[L] = e.error(L, zs[L], pre[L])
         for k in range(1, L):
             yield k, zs[k], eps[k], [(c, down[c], adj) for c, adj in self._adj[k]]
 
@@ -451,6 +463,10 @@ class LayeredProblem(BatchProblem):
             v = z - self.energy.project(k, z - g / self.energy.term_weights[k])
             out = torch.maximum(out, v.abs().flatten(1).amax(dim=1))
         return out
+
+    def with_nudge(self, nudge: torch.Tensor) -> "LayeredProblem":
+        """The same problem (rows, targets, ``β``, shared ``a_1``) with the nudge direction ``g`` replaced."""
+        return LayeredProblem(self.energy, self.x, self.target, self.clamped, nudge, self.beta, self.a1)
 
     def stacked(self, copies: int, init: Sequence[torch.Tensor] | None = None, **kwargs) -> "LayeredProblem":
         """``copies`` stacked copies of this batch as one problem (phases solved together), sharing
@@ -559,3 +575,60 @@ def _pre_float64(link: Link, zs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, 
             z = torch.func.functional_call(m, state, (z,))
         a = z if a is None else a + z
     return a, leaves
+
+
+class NudgedOutputProblem(LayeredProblem):
+    """A penalty-energy problem whose output ``z_L`` is a free value node nudged by the loss (nudged predictive
+    coding): the variables are ``[z_1, …, z_{L-1}, z_L]`` (the output last) and the per-row energy is::
+
+        F_s(z) = Σ_{k≤L} w_k ½‖z_k − f_k(a_k)‖² + s β ℓ(z_L),   ℓ = ½‖z_L − y‖² ("se") or CE(y, softmax(z_L)) ("ce")
+
+    with a sign ``s`` per row (``+1``, ``−1``, or 0 for the free phase), so stacked rows solve several nudged
+    phases at once. Without the nudge the minimum is the forward pass (every term zero). Gradients of the value
+    nodes come from autograd of :meth:`value` (no closed form), and the weight gradient of the energy
+    (:meth:`~LayeredProblem.accumulate_weight_grads`) leaves the nudge out (it does not depend on the parameters).
+
+    Args:
+        energy: a ``penalty`` energy with the squared-error output term.
+        x: inputs (rows).
+        target: ``y`` per row.
+        signs: ``s`` per row ``(rows,)``.
+        beta: ``β > 0``.
+        loss: ``"se"`` or ``"ce"``.
+        a1: ``A_1(x)`` if already computed.
+    """
+
+    def __init__(self, energy: LayeredEnergy, x: torch.Tensor, target: torch.Tensor, signs: torch.Tensor,
+                 beta: float, loss: str = "se", a1: torch.Tensor | None = None):
+        if energy.kind != "penalty" or energy.output != "se" or loss not in OUTPUTS:
+            raise ValueError("A nudged output needs the penalty energy with the squared-error output term, and a loss "
+                             f"in {list(OUTPUTS)}")
+        super().__init__(energy, x, a1=a1)
+        self.nudge_target, self.signs, self.nudge_beta, self.loss = target, signs, float(beta), loss
+
+    @torch.no_grad()
+    def forward_state(self):
+        """The forward pass with the output node at ``a_L``: ``([z_1, …, z_{L-1}, a_L], pre)``."""
+        if self._fwd is None:
+            hidden, pre = super().forward_state()
+            self._fwd = ([*hidden, pre[self.depth]], pre)
+        return self._fwd
+
+    def full(self, hidden, pre=None):
+        return [self.x, *hidden]
+
+    def _closed_form(self) -> bool:
+        return False
+
+    def value(self, hidden, fresh_a1=None):
+        """Per-row ``F_s`` (differentiable in the value nodes and, in grad mode, the parameters)."""
+        e, z = self.energy, hidden[-1]
+        pre = self.pre_of(hidden, torch.is_grad_enabled() if fresh_a1 is None else fresh_a1)
+        zs = self.full(hidden)
+        v = sum(e.term_weights[k] * e.term(k, zs[k], pre[k]) for k in range(1, self.depth + 1))
+        y = self.nudge_target
+        if self.loss == "se":
+            ell = 0.5 * (z - y).pow(2).flatten(1).sum(1)
+        else:
+            ell = -(y * torch.log_softmax(z.flatten(1), dim=1)).sum(1)
+        return v + (self.nudge_beta * self.signs.to(v.dtype)) * ell

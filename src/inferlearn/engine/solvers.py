@@ -872,6 +872,80 @@ class GradientSteps(Solver):
         return info
 
 
+class OptimizerSteps(GradientSteps):
+    """Inference by an optimiser on the value nodes: heavy-ball momentum or Adam on ``∂E/∂z`` (PCX's optax
+    optimisers on the value nodes, Pinchetti et al. 2024), with the updates of ``torch.optim.SGD`` (momentum,
+    no dampening) and ``torch.optim.Adam``, all layers from the same point, the state fresh on every solve::
+
+        momentum   m_k ← μ m_k + g_k,                         z_k ← z_k − η m_k
+        adam       m_k ← β₁ m_k + (1 − β₁) g_k,  v_k ← β₂ v_k + (1 − β₂) g_k²,
+                   z_k ← z_k − η m̂_k / (√v̂_k + ε),  m̂ = m / (1 − β₁ᵗ), v̂ = v / (1 − β₂ᵗ)
+
+    with ``g_k = ∂E/∂z_k`` (:meth:`LayeredProblem.gradients`) and the projection ``Π_k`` after the update.
+
+    **What the convergence check measures**: the step is no longer ``−η ∂E/∂z`` (momentum carries the past, Adam
+    normalises each coordinate), so its size says little about equilibrium (Adam's steps stay near ``η`` while the
+    signs of ``g`` agree). The checks measure the *gradient* instead, in the plain steps' units: ``r = η max|∂E/∂z|``
+    at a checked step's start (the step :class:`GradientSteps` would take there), ``r_0`` at the forward pass and
+    ``r_T`` at the last step's start, and per hidden layer ``(η max|g_k|, ‖g_k‖, ‖ε_k‖)``; the verdicts
+    (converged, *far*, ``tol``) are :meth:`GradientSteps.report`'s. ``tol`` stops when ``r ≤ tol`` (every fifth step).
+
+    Args:
+        optimizer: ``"momentum"`` or ``"adam"``.
+        momentum: ``μ`` (momentum) or ``β₁`` (Adam), in ``[0, 1)``.
+        beta2: Adam's ``β₂`` (0.999, torch's and optax's default).
+        eps: Adam's ``ε`` (1e-8).
+
+    The other arguments are :class:`GradientSteps`'s (``step_size`` is the optimiser's learning rate ``η``).
+    """
+
+    OPTIMIZERS = ("momentum", "adam")
+
+    def __init__(self, steps: int = 15, step_size: float = 0.1, tol: float | None = None, optimizer: str = "momentum",
+                 momentum: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, **kwargs):
+        super().__init__(steps, step_size, tol, **kwargs)
+        if optimizer not in self.OPTIMIZERS:
+            raise ValueError(f"Invalid optimizer: {optimizer!r}; choose one of {list(self.OPTIMIZERS)}")
+        for key, v in (("momentum", momentum), ("beta2", beta2)):
+            if not (isinstance(v, (int, float)) and 0 <= v < 1):
+                raise ValueError(f"Invalid {key}: {v}")
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"Invalid eps: {eps}")
+        self.optimizer, self.momentum, self.beta2, self.eps = optimizer, float(momentum), float(beta2), float(eps)
+
+    def _run(self, problem: LayeredProblem, hidden: list[torch.Tensor], signal: float | None):
+        eta, e = self.step_size, problem.energy
+        if self.steps == 0:
+            return hidden, SolveInfo(self.name, 0, 0.0, True, self.tol)
+        m = [torch.zeros_like(z) for z in hidden]
+        v = [torch.zeros_like(z) for z in hidden] if self.optimizer == "adam" else None
+        it, residual, first, layers = 0, math.inf, None, None
+        for it in range(1, self.steps + 1):
+            grads = problem.gradients(hidden)
+            last = it == self.steps
+            if it == 1 or last or (self.tol is not None and it % 5 == 0):
+                big = [float(g.abs().max()) for g in grads]
+                residual = eta * max(big)
+                first = residual if it == 1 else first
+                if last:
+                    layers = [(eta * b, float(g.norm()), float(err.norm()))
+                              for b, g, err in zip(big, grads, layer_errors(problem, hidden))]
+                if self.tol is not None and residual <= self.tol:
+                    break
+            new = []
+            for k, (z, g, mk) in enumerate(zip(hidden, grads, m), start=1):
+                if v is None:
+                    step = mk.mul_(self.momentum).add_(g)
+                else:
+                    mk.lerp_(g, 1.0 - self.momentum)
+                    v[k - 1].mul_(self.beta2).addcmul_(g, g, value=1.0 - self.beta2)
+                    denom = (v[k - 1] / (1.0 - self.beta2 ** it)).sqrt_().add_(self.eps)
+                    step = mk / (1.0 - self.momentum ** it) / denom
+                new.append(e.project(k, z - eta * step))
+            hidden = new
+        return hidden, self.report(it, residual, first if signal is None else signal, layers, residual_floor(hidden))
+
+
 def layer_errors(problem: LayeredProblem, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
     """``ε_k = z_k − f_k(a_k)`` of the hidden nodes (the penalty energy's prediction errors; one forward pass)."""
     pre, e = problem.pre_of(hidden), problem.energy

@@ -24,12 +24,21 @@ References:
     Zach, "Bilevel programs meet deep learning", Definition 1, Prop. 1, Table 1 and Eq. 37.
 
 Note:
-    The nudge uses the linearised loss (the paper's linearised surrogate) rather than ``βℓ`` itself,
-    so the nudged problem stays a convex QP for either sign of β and is solved by the lifted
-    solvers; both have the same β → 0 limit.
+    By default (``nudge="linear"``) the nudge uses the linearised loss (the paper's linearised surrogate)
+    rather than ``βℓ`` itself, so the nudged problem stays a convex QP for either sign of β and is solved by
+    the lifted solvers; both have the same β → 0 limit. ``nudge="loss"`` nudges with the loss itself,
+    ``± β w_L ℓ(z_L)`` with the output ``z_L`` a free node (``β CE(y, softmax(z_L))`` for the cross-entropy,
+    Laborieux et al. 2021's nudging, on any chain the lifted energy takes: conv nets too). Its stationarity
+    conditions are those of the linear nudge with ``g = ∇ℓ(ẑ_L)`` at the *nudged* output
+    (``z_L = a_L ∓ β ∇ℓ(z_L)``), so it is solved as a sequence of those QPs: re-linearise at the nudged output,
+    re-solve warm-started, until ``g`` moves by at most the phase solver's tolerance (1e-6 without one), at most
+    :data:`NUDGE_ROUNDS` rounds (warns, or raises with ``on_fail="raise"``). The rounds contract roughly while
+    ``β λ (1 + γ‖W_L‖²) < 1`` with ``λ = ‖∇²ℓ‖`` (½ for the cross-entropy, 1 for the squared error), slowest for
+    the negative phase; about 3-6 rounds at β = 0.1. The weight gradient is read off ``E`` as before (the nudge term does not depend on ``W``).
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +49,7 @@ from ..engine.differential import difference_grads, solve_difference
 from ..engine.fused import accumulate_dense_grads
 from ..engine.layered import LayeredProblem
 from ..engine.phases import check_beta, check_nudging, nudged_phases
+from ..errors import ConvergenceError, ConvergenceWarning
 from ..losses import check_loss, loss_and_gradient, one_hot, quadratic_loss
 from .base import StepInfo, register_rule
 from .energy_rule import LiftedEnergyRule, info_extras
@@ -50,6 +60,38 @@ def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor,
     a1 = energy.pre(1, x)
     return LiftedProblem(energy, torch.cat([x] * copies), nudge=nudge, beta=beta, check=False,
                          a1=torch.cat([a1] * copies))
+
+
+#: the most re-linearisations of a nudged phase with ``nudge="loss"``
+NUDGE_ROUNDS = 50
+NUDGES = ("linear", "loss")
+
+
+def relinearised_phases(solver, problem, hidden, info, row_sign: torch.Tensor, labels: torch.Tensor, loss: str,
+                        on_fail: str = "warn"):
+    """Solve nudged phases with the loss itself: ``min_z E(z) + s β ℓ(z_L)`` per row (sign ``s``, ``row_sign``
+    ``(rows, 1)``), from the linearised phases ``(problem, hidden, info)`` already solved.
+
+    Repeats ``g ← s ∇ℓ(ẑ_L)`` at the nudged output and a warm-started solve of the linear nudge ``β gᵀz_L`` until
+    ``max|Δg| ≤`` the solver's tolerance (1e-6 without one). Returns ``(problem, hidden, info, rounds)``: the last
+    problem (its eliminated output is the nudged one) and its minimiser.
+    """
+    tol = getattr(solver, "tol", None) or 1e-6
+    for rounds in range(1, NUDGE_ROUNDS + 1):
+        with torch.no_grad():
+            nudge = row_sign * loss_and_gradient(loss, problem.full(hidden)[-1], labels)[1]
+        change = float((nudge - problem.nudge.detach()).abs().max())
+        if change <= tol:
+            return problem, hidden, info, rounds
+        problem = problem.with_nudge(nudge)
+        hidden, info = solver.solve(problem, init=hidden)
+    msg = (f"eqprop: the loss nudge did not settle in {NUDGE_ROUNDS} re-linearisations (last change of its gradient "
+           f"{change:.3g} > {tol:.3g}); lower beta")
+    if on_fail == "raise":
+        raise ConvergenceError(msg)
+    if on_fail == "warn":
+        warnings.warn(msg, ConvergenceWarning, stacklevel=4)
+    return problem, hidden, info, NUDGE_ROUNDS
 
 
 @register_rule
@@ -64,6 +106,10 @@ class EquilibriumPropagation(LiftedEnergyRule):
             MNIST MLP 784-32-32-32-10 at initialisation; ``benchmarks/results/limits.md``).
         nudging: ``"positive"``, ``"negative"`` or ``"symmetric"`` (one stacked solve of ``±β``).
         loss: ``"quadratic"`` or ``"cross-entropy"`` (the loss whose gradient nudges the output).
+        nudge: ``"linear"``, the loss linearised at the free output (``β w_L gᵀz_L``), or ``"loss"``, the loss
+            itself (``β w_L ℓ(z_L)``, e.g. ``β CE(y, softmax(z_L))``; see the module's note). ``"loss"`` solves its
+            phases directly (``phases="differential"`` is refused); ``extras["nudge_rounds"]`` counts its
+            re-linearisations.
 
     The lifted-energy options (``gamma``, ``solver``, ``max_iter``, ``tol``, ``on_fail``, ``engine``) are
     those of :class:`~inferlearn.rules.energy_rule.LiftedEnergyRule`.
@@ -77,12 +123,20 @@ class EquilibriumPropagation(LiftedEnergyRule):
     beta: float = 0.1
     nudging: str = "symmetric"
     loss: str = "quadratic"
+    nudge: str = "linear"
 
     def __post_init__(self) -> None:
         check_beta(self.beta)
         super().__post_init__()
         check_nudging(self.nudging)
         check_loss(self.loss)
+        if self.nudge not in NUDGES:
+            raise ValueError(f"Invalid nudge: {self.nudge!r}; choose one of {list(NUDGES)}")
+        if self.nudge == "loss" and self.phases == "differential":
+            raise ValueError("Invalid phases: 'differential' (nudge='loss' solves its phases directly; use phases='auto')")
+
+    def differential(self, fused: bool, depth: int, dtype: torch.dtype, beta: float | None = None) -> bool:
+        return self.nudge == "linear" and super().differential(fused, depth, dtype, beta)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self.chain(model, x)
@@ -102,12 +156,19 @@ class EquilibriumPropagation(LiftedEnergyRule):
         nudge = torch.cat([p.sign * g for p in phases])
         # the stacked problem's starting point is the free equilibrium (its forward state)
         problem = free.stacked(len(phases), init=h_free, nudge=nudge, beta=self.beta * wL)
-        hidden, info = self.phase_solver(chain.levels[-1], self.beta).solve(problem)
+        solver = self.phase_solver(chain.levels[-1], self.beta)
+        hidden, info = solver.solve(problem)
+        extras = {}
+        if self.nudge == "loss":
+            signs = torch.cat([torch.full((B, 1), float(p.sign), dtype=x.dtype, device=x.device) for p in phases])
+            problem, hidden, info, rounds = relinearised_phases(solver, problem, hidden, info, signs,
+                                                                torch.cat([labels] * len(phases)), self.loss, self.on_fail)
+            extras["nudge_rounds"] = rounds
         scale = 1.0 / (self.beta * wL * B)
         coef = torch.cat([torch.full((B,), p.weight * scale, dtype=x.dtype, device=x.device) for p in phases])
         problem.accumulate_weight_grads(hidden, coef)
         y = one_hot(labels, output.shape[1], output.dtype)
-        extras = info_extras(info) | {"free_solver_iterations": info_free.iterations}
+        extras = info_extras(info) | {"free_solver_iterations": info_free.iterations} | extras
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
 
     def _dense(self, chain, x: torch.Tensor, labels: torch.Tensor, differential: bool = False) -> StepInfo:
@@ -136,18 +197,28 @@ class EquilibriumPropagation(LiftedEnergyRule):
             accumulate_dense_grads(chain, grads)
             extras = {"solver_iterations": sweeps, "solver_residual": rel, "free_solver_iterations": info_free.iterations}
             return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
+        solver, extras = self.phase_solver(L, self.beta), {}
         if self.nudging == "symmetric":
             problem = _stacked_problem(energy, x, torch.cat([g, -g]), self.beta * wL, 2)
-            hidden, info = self.phase_solver(L, self.beta).solve(problem, init=[torch.cat([h, h]) for h in h_free])
+            hidden, info = solver.solve(problem, init=[torch.cat([h, h]) for h in h_free])
+            if self.nudge == "loss":
+                signs = torch.cat([torch.ones(B, 1, dtype=x.dtype, device=x.device), -torch.ones(B, 1, dtype=x.dtype,
+                                                                                                   device=x.device)])
+                problem, hidden, info, extras["nudge_rounds"] = relinearised_phases(
+                    solver, problem, hidden, info, signs, torch.cat([labels, labels]), self.loss, self.on_fail)
             ones = torch.ones(B, dtype=x.dtype, device=x.device)
             grads = energy.weight_grads(problem.full(hidden), torch.cat([ones, -ones]) * (0.5 * scale))
         else:
             sign = 1.0 if self.nudging == "positive" else -1.0
             problem = _stacked_problem(energy, x, g, sign * self.beta * wL, 1)
-            hidden, info = self.phase_solver(L, self.beta).solve(problem, init=list(h_free))
+            hidden, info = solver.solve(problem, init=list(h_free))
+            if self.nudge == "loss":   # the sign is in β: the direction is ∇ℓ itself
+                problem, hidden, info, extras["nudge_rounds"] = relinearised_phases(
+                    solver, problem, hidden, info, torch.ones(B, 1, dtype=x.dtype, device=x.device), labels,
+                    self.loss, self.on_fail)
             g_nudged = energy.weight_grads(problem.full(hidden), sign * scale)
             g_free = energy.weight_grads(zs_free, -sign * scale)
             grads = [(a + c, b + d) for (a, b), (c, d) in zip(g_nudged, g_free)]
         accumulate_dense_grads(chain, grads)
-        extras = info_extras(info) | {"free_solver_iterations": info_free.iterations}
+        extras = info_extras(info) | {"free_solver_iterations": info_free.iterations} | extras
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)

@@ -18,9 +18,14 @@ with the usual hard clamp ``π = 1`` the hidden errors are ``(I + WᵀW)^{-1}``-
 back-propagation's deltas. Run to convergence this is also the penalty form of MAC (auxiliary
 coordinates with a quadratic penalty, weights updated at the minimiser), restarted on every batch.
 
+PCX's benchmark recipes are options (Pinchetti et al. 2024): the cross-entropy output energy (``output="ce"``),
+momentum or Adam on the value nodes (``inference_optimizer``), a free output nudged by ``±βℓ`` instead of the
+clamp (``nudging``), and incremental PC with the weights moved at every inference step (``weight_step``).
+
 References:
-    Whittington & Bogacz (2017); Song et al. (2020); Pinchetti et al. (2024), PCX; Carreira-Perpiñán &
-    Wang (2014), MAC; Zach, "Bilevel programs meet deep learning", Table 1 (PCN row).
+    Whittington & Bogacz (2017); Song et al. (2020); Pinchetti et al. (2024), PCX; Salvatori et al. (2024),
+    iPC; Scellier & Bengio (2017), nudging; Carreira-Perpiñán & Wang (2014), MAC; Zach, "Bilevel programs meet
+    deep learning", Table 1 (PCN row).
 """
 from __future__ import annotations
 
@@ -31,8 +36,9 @@ from torch import nn
 
 from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
-from ..engine.layered import LayeredEnergy, LayeredProblem
-from ..engine.solvers import GradientSteps, residual_floor
+from ..engine.layered import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
+from ..engine.phases import check_beta, check_nudging, nudged_phases
+from ..engine.solvers import GradientSteps, OptimizerSteps, residual_floor
 from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
 from ..models import all_finite
@@ -40,9 +46,10 @@ from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
 
 
-def penalty_energy(chain: Chain, output_weight: float) -> LayeredEnergy:
-    """``F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖z_L − f_L(a_L)‖²``: hidden terms weight 1, the output ``π``."""
-    return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [output_weight])
+def penalty_energy(chain: Chain, output_weight: float, output: str = "se") -> LayeredEnergy:
+    """``F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖z_L − f_L(a_L)‖²``: hidden terms weight 1, the output ``π``
+    (``output="ce"``: ``π CE(z_L, softmax(f_L(a_L)))`` at the top)."""
+    return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [output_weight], output=output)
 
 
 def check_inference_finite(name: str, chain: Chain, hidden, steps: int, step_size: float) -> None:
@@ -69,7 +76,38 @@ class PredictiveCoding(Rule):
         tol: stop early when the largest step is ``≤ tol`` (checked every 5 steps; warns when
             ``steps`` run out first); ``None``: exactly ``steps`` steps.
         output_weight: the precision ``π`` of the output term; the gradient is divided by ``π``.
-        engine: ``auto`` (fused for dense chains), ``fused`` or ``generic``.
+        output: the output energy: ``"se"``, the squared error ``(π/2)‖y − f_L(a_L)‖²``, or ``"ce"``, the
+            cross-entropy ``π CE(y, softmax(a_L)) = −π Σ_j y_j log softmax(a_L)_j`` (PCX's benchmark energy for
+            classification, Pinchetti et al. 2024), so that the output error sent down is ``π (y − softmax(a_L))``
+            instead of ``π (y − a_L)``: the network's output is the logits.
+        inference_optimizer: the update of the value nodes: ``"sgd"``, the plain steps ``z ← z − η ∂F/∂z``;
+            ``"momentum"`` (heavy ball, ``torch.optim.SGD``'s) or ``"adam"`` (``torch.optim.Adam``'s), PCX's optax
+            optimisers on the value nodes, with learning rate ``step_size`` and a fresh state on every batch
+            (:class:`~inferlearn.engine.solvers.OptimizerSteps`, on the generic engine; its convergence checks measure
+            ``η max|∂F/∂z|``, the plain step at the point, instead of the optimiser's step).
+        inference_momentum: the momentum ``μ`` (``"momentum"``) or Adam's ``β₁`` (0.9; Adam's ``β₂ = 0.999``,
+            ``ε = 1e-8``).
+        nudging: ``"clamp"`` (the output clamped to the target, standard PC) or PCX's nudged variants, where the
+            output node ``z_L`` is a free value node (started at ``a_L``) with the loss ``± β ℓ(z_L)`` added
+            (``ℓ = ½‖z_L − y‖²``, or ``CE(y, softmax(z_L))`` with ``output="ce"``; the output node's own term stays
+            ``(π/2)‖z_L − a_L‖²``): ``"positive"`` ``∇θ = ∇θF(ẑ₊)/β``, ``"negative"`` ``−∇θF(ẑ₋)/β``,
+            ``"symmetric"`` (centred) ``[∇θF(ẑ₊) − ∇θF(ẑ₋)]/(2β)``, all divided by ``B``. The free phase needs no
+            solve: without the nudge the equilibrium is the forward pass, where every term of ``F`` and
+            ``∇θF`` vanish. Hence the limit: at equilibrium, as ``β → 0`` the gradient is back-propagation's of
+            ``ℓ`` (exactly, unlike the clamp's ``(I + WᵀW)^{-1}`` filtering), with error O(β) one-sided and
+            O(β²) centred (equilibrium propagation on the penalty energy, Scellier & Bengio 2017). Generic engine
+            (:class:`~inferlearn.engine.layered.NudgedOutputProblem`).
+        beta: the nudging strength ``β > 0`` (0.1; read only when nudging).
+        weight_step: incremental predictive coding (iPC, Salvatori et al. 2024) when set: the weight learning rate
+            ``α`` with which the weights move at *every* inference step. The contract (a rule fills ``.grad`` and
+            never steps) is kept by working weights: each step ``t = 1 … T`` updates the value nodes at the current
+            weights, ``z_t = z_{t-1} − η ∂F/∂z (z_{t-1}, θ_{t-1})``, then the weights,
+            ``θ_t = θ_0 − α S_t``, ``S_t = Σ_{s≤t} g_s``, ``g_s = ∇θF(z_s, θ_{s-1}) / (Bπ)`` (Algorithm 1's order:
+            value nodes, then weights); at the end the model's parameters are restored to ``θ_0`` (bit for bit) and
+            ``S_T`` is accumulated into ``.grad``, so that one plain SGD step of rate ``α`` (no momentum, no weight
+            decay) moves the weights to iPC's ``θ_T``. As ``α → 0`` this is PC's gradient summed along its
+            trajectory. Plain steps, clamped output, generic engine; ``None`` (default): standard PC.
+        engine: ``auto`` (fused for dense chains with the plain steps and the clamp), ``fused`` or ``generic``.
 
     Convergence: every batch checks the first and the last step
     (:class:`~inferlearn.engine.solvers.GradientSteps`, about 1 % of a batch). At the defaults inference is
@@ -90,24 +128,62 @@ class PredictiveCoding(Rule):
     step_size: float = 0.1
     tol: float | None = None
     output_weight: float = 1.0
+    output: str = "se"
+    inference_optimizer: str = "sgd"
+    inference_momentum: float = 0.9
+    nudging: str = "clamp"
+    beta: float = 0.1
+    weight_step: float | None = None
     engine: str = "auto"
 
     def __post_init__(self) -> None:
         check_positive("output_weight", self.output_weight)
         check_engine(self.engine)
+        if self.output not in OUTPUTS:
+            raise ValueError(f"Invalid output: {self.output!r}; choose one of {list(OUTPUTS)}")
+        if self.inference_optimizer not in ("sgd", *OptimizerSteps.OPTIMIZERS):
+            raise ValueError(f"Invalid inference_optimizer: {self.inference_optimizer!r}; choose one of "
+                             f"{['sgd', *OptimizerSteps.OPTIMIZERS]}")
+        if self.inference_optimizer != "sgd" and self.engine == "fused":
+            raise ValueError(f"Invalid engine: 'fused' (inference_optimizer={self.inference_optimizer!r} runs on the "
+                             "generic engine; use engine='auto')")
+        if self.weight_step is not None:
+            check_positive("weight_step", self.weight_step)
+            if self.inference_optimizer != "sgd" or self.nudging != "clamp" or self.engine == "fused" or self.tol:
+                raise ValueError("Invalid weight_step: incremental PC runs plain inference steps on a clamped output "
+                                 "on the generic engine, exactly `steps` of them (inference_optimizer='sgd', "
+                                 "nudging='clamp', engine='auto', tol=None)")
+        if self.nudging != "clamp":
+            check_nudging(self.nudging)
+            check_beta(self.beta)
+            if self.engine == "fused":
+                raise ValueError(f"Invalid engine: 'fused' (nudging={self.nudging!r} runs on the generic engine; use "
+                                 "engine='auto')")
         if isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps == 0:
             raise ValueError("Invalid steps: 0 (predictive coding needs at least one inference step: without one the "
                              "output error stays at the top and only the last layer learns; use steps >= 1)")
-        self._solver = GradientSteps(self.steps, self.step_size, self.tol, label=self.name)
+        self._solver = self._inference_solver()
         if self.step_size >= 2:   # F's curvature along a value node is at least 1 (its own term): η ≥ 2 diverges
             raise ValueError(f"Invalid step_size: {self.step_size} (must be < 2 for the inference steps to descend)")
 
+    def _inference_solver(self) -> GradientSteps:
+        if self.inference_optimizer == "sgd":
+            return GradientSteps(self.steps, self.step_size, self.tol, label=self.name)
+        if not (isinstance(self.inference_momentum, (int, float)) and 0 <= self.inference_momentum < 1):
+            raise ValueError(f"Invalid inference_momentum: {self.inference_momentum}")
+        return OptimizerSteps(self.steps, self.step_size, self.tol, optimizer=self.inference_optimizer,
+                              momentum=self.inference_momentum, label=self.name)
+
     def energy(self, chain: Chain) -> LayeredEnergy:
         """The penalty energy of a chain (hidden terms weight 1, the output term ``π``)."""
-        return penalty_energy(chain, self.output_weight)
+        return penalty_energy(chain, self.output_weight, self.output)
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self._chain(model, x)
+        if self.nudging != "clamp":
+            return self._nudged(chain, x, labels)
+        if self.weight_step is not None:
+            return self._incremental(chain, x, labels)
         if fused:
             return self._clamped(chain, True, x, one_hot(labels, chain.links[-1].linear.out_features, x.dtype))
         free = LayeredProblem(self.energy(chain), x)   # its forward pass gives the output width, and is reused
@@ -124,7 +200,8 @@ class PredictiveCoding(Rule):
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
         chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
-        fused = chain.is_dense and self.engine != "generic"
+        fused = (chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd"
+                 and self.nudging == "clamp" and self.weight_step is None)
         if self.engine == "fused" and not fused:
             raise ValueError(f"engine='fused' needs a dense chain; {type(model).__name__} is not one: use engine='auto'")
         return chain, fused
@@ -134,7 +211,7 @@ class PredictiveCoding(Rule):
         B, L, pi = x.shape[0], chain.depth, self.output_weight
         if fused:
             grads, output, hidden, it, move, first, layers, floor = dense_predictive_coding(
-                chain, x.reshape(B, -1), target, self.steps, self.step_size, pi, self.tol)
+                chain, x.reshape(B, -1), target, self.steps, self.step_size, pi, self.tol, self.output)
             # the same verdict (and warnings) as the generic solver's
             floor = residual_floor(hidden) if floor is None else floor
             info = self._solver.report(it, move, first, layers, floor) if it > 0 else None
@@ -150,4 +227,67 @@ class PredictiveCoding(Rule):
         extras = {"inference_steps": it, "hidden": [h.detach() for h in hidden]}
         if info is not None:
             extras.update(solver_residual=info.residual, converged=info.converged, far=info.far)
+        return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(), extras=extras)
+
+    def _nudged(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        """Nudged predictive coding: the output a free value node, the nudged phases stacked into one solve."""
+        B, L = x.shape[0], chain.depth
+        if L == 1:
+            raise ValueError(f"nudging={self.nudging!r} needs a hidden layer (a model of one layer has none to infer)")
+        energy = penalty_energy(chain, self.output_weight, "se")
+        free = LayeredProblem(energy, x)
+        a_top = free.forward_state()[1][L]
+        output = chain.links[-1].act(a_top)
+        y = one_hot(labels, a_top.shape[1], x.dtype)
+        phases = [p for p in nudged_phases(self.nudging) if p.sign != 0]   # ∇θF of the free phase is 0
+        rows = lambda v: torch.cat([torch.full((B,), float(v(p)), dtype=x.dtype, device=x.device) for p in phases])
+        n = len(phases)
+        problem = NudgedOutputProblem(energy, torch.cat([x] * n), torch.cat([y] * n), rows(lambda p: p.sign),
+                                      self.beta, self.output, a1=torch.cat([free.a1] * n))
+        hidden, info = self._solver.solve(problem)
+        problem.accumulate_weight_grads(hidden, rows(lambda p: p.weight) / (B * self.beta), precise=n > 1)
+        check_inference_finite(self.name, chain, hidden, info.iterations, self.step_size)
+        extras = {"inference_steps": info.iterations, "hidden": [h.detach() for h in hidden],
+                  "solver_residual": info.residual, "converged": info.converged, "far": info.far}
+        return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
+
+    def _incremental(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        """iPC on working weights (see ``weight_step``): ``.grad += S_T``, the parameters restored to ``θ_0``."""
+        B, L, eta, alpha = x.shape[0], chain.depth, self.step_size, self.weight_step
+        energy = self.energy(chain)
+        params = [p for link in chain.links for p in link.parameters() if p.requires_grad]
+        params = list({id(p): p for p in params}.values())
+        held = [p.grad for p in params]
+        start = [p.detach().clone() for p in params]
+        first = LayeredProblem(energy, x)
+        output = chain.links[-1].act(first.forward_state()[1][L])
+        target = one_hot(labels, output.shape[1], x.dtype)
+        hidden = [h.clone() for h in first.forward_state()[0]]
+        move = 0.0
+        try:
+            for p in params:
+                p.grad = None
+            for _ in range(self.steps):
+                problem = LayeredProblem(energy, x, target=target)   # a fresh problem: A_1(x) at the current weights
+                with torch.no_grad():
+                    old = [h.clone() for h in hidden]
+                    hidden = problem.gradient_step(hidden, eta)
+                    move = max((float((h - o).abs().max()) for h, o in zip(hidden, old)), default=0.0)
+                problem.accumulate_weight_grads(hidden, 1.0 / (B * self.output_weight), precise=False)
+                with torch.no_grad():
+                    for p, p0 in zip(params, start):
+                        p.copy_(torch.add(p0, p.grad, alpha=-alpha))
+        except BaseException:
+            for p, g in zip(params, held):   # a failed step leaves .grad as it found it
+                p.grad = g
+            raise
+        finally:
+            with torch.no_grad():
+                for p, p0 in zip(params, start):
+                    p.copy_(p0)
+        for p, g in zip(params, held):
+            if g is not None:
+                p.grad = g.add_(p.grad) if p.grad is not None else g
+        check_inference_finite(self.name, chain, hidden, self.steps, eta)
+        extras = {"inference_steps": self.steps, "hidden": [h.detach() for h in hidden], "last_move": move}
         return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(), extras=extras)

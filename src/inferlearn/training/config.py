@@ -135,10 +135,16 @@ class TrainConfig:
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
 
     def resolved(self) -> "TrainConfig":
-        """This config with ``lr=None`` replaced by the rule's recommended rate for the optimiser."""
-        from ..rules import recommended_lr
+        """This config with ``lr=None`` replaced by the rule's recommended rate for the optimiser (for incremental
+        predictive coding with SGD, its ``weight_step``: the rate at which one step on its gradient is iPC's)."""
+        from ..rules import make_rule, recommended_lr
 
-        return self if self.lr is not None else self.replace(lr=recommended_lr(self.rule, self.optimizer))
+        if self.lr is not None:
+            return self
+        step = getattr(make_rule(self.rule, self.rule_options), "weight_step", None) if self.rule == "pc" else None
+        if step is not None and self.optimizer == "sgd":
+            return self.replace(lr=float(step))
+        return self.replace(lr=recommended_lr(self.rule, self.optimizer))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
