@@ -14,7 +14,7 @@ import torch
 from inferlearn.errors import RunFolderError
 from inferlearn.training.config import TrainConfig
 from inferlearn.training.loop import train
-from inferlearn.training.run_folder import CHECKSUM, RunFolder, payload_digest
+from inferlearn.training.run_folder import CHECKSUM, payload_digest
 
 CLI = [sys.executable, "-m", "inferlearn"]
 

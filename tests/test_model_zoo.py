@@ -249,7 +249,7 @@ def test_mupc_scalings_and_weights_are_jpcs():
 
 
 def test_sp_scale_option_and_weights():
-    D, N, H = 3072, 64, 6
+    N, H = 64, 6
     sp = build(f"resmlp:depth={H},width={N}")
     assert sp.multipliers == [1.0] * (H + 1)
     assert abs(sp.blocks[0].linear.weight.std().item() * math.sqrt(N) - 1) < 0.05

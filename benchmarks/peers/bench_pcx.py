@@ -65,6 +65,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from inferlearn.data import load_dataset  # noqa: E402
+from inferlearn.engine.compiled import compiling  # noqa: E402
 from inferlearn.diagnostics import evaluate  # noqa: E402
 from inferlearn.errors import DataError  # noqa: E402
 from inferlearn.models import build_model  # noqa: E402
@@ -243,34 +244,42 @@ def _timed(fn) -> float:
 # inferlearn's side
 
 
-def torch_run(kind: str, method: str, batch: int, nb: int, setting: dict, data_dir, evaluate_acc: bool) -> dict:
+def torch_run(kind: str, method: str, batch: int, nb: int, setting: dict, data_dir, evaluate_acc: bool,
+              compiled: bool = False) -> dict:
     rule, opts, lr = ("backprop", {}, BP_LR) if method == "bp" else ("pc", {"steps": T, "step_size": setting["eta"]},
                                                                        setting["lr"])
     cfg = TrainConfig(data="mnist", arch=ARCHS[kind], act="relu", rule=rule, rule_options=opts, epochs=1,
                       batch_size=batch, lr=lr, limit_train=batch * nb, data_dir=data_dir, seed=0,
                       out=os.path.join(tempfile.gettempdir(), "inferlearn-peers"))
     s = build(cfg)
-    t0 = time.perf_counter()
-    run_epoch(s, cfg, 1, progress=False)
-    seconds = time.perf_counter() - t0
+    with compiling("on" if compiled else "off"):   # compiled: one graph per batch shape, reused across runs
+        t0 = time.perf_counter()
+        run_epoch(s, cfg, 1, progress=False)
+        seconds = time.perf_counter() - t0
     acc = evaluate(s.model, s.test_x, s.test_y) if evaluate_acc else None
     return {"seconds": seconds, "test_acc": acc}
 
 
-def torch_warmup(kind: str, method: str, batch: int, setting: dict, data_dir) -> float:
-    """One batch on a fresh model: the first-call cost (allocations, lazy initialisation) in this process."""
-    return torch_run(kind, method, batch, 1, setting, data_dir, False)["seconds"]
+def torch_warmup(kind: str, method: str, batch: int, setting: dict, data_dir, compiled: bool = False) -> float:
+    """One batch on a fresh model: the first-call cost (allocations, lazy initialisation; compiled: compiling
+    the batch's graph, or loading it from inductor's on-disk cache) in this process."""
+    return torch_run(kind, method, batch, 1, setting, data_dir, False, compiled)["seconds"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The benchmark
 
 
-def variants(cores: int) -> list[dict]:
+COMPILED = "inferlearn compiled"   # inferlearn with --compile on: one compiled call per batch (PC, BP)
+
+
+def variants(cores: int, compiled: bool = True) -> list[dict]:
     """What is timed: (method, library, setting). On two cores only one PC setting per library (same work)."""
-    out = [{"method": "bp", "lib": "inferlearn", "setting": "—"}, {"method": "bp", "lib": "JAX jit", "setting": "—"}]
+    mine = ["inferlearn", COMPILED] if compiled else ["inferlearn"]
+    out = [{"method": "bp", "lib": lib, "setting": "—"} for lib in mine] + [{"method": "bp", "lib": "JAX jit", "setting": "—"}]
     for name in (SETTINGS if cores == 1 else ["PCX setting"]):
-        out += [{"method": "pc", "lib": "inferlearn", "setting": name}, {"method": "pc", "lib": "PCX", "setting": name}]
+        out += [{"method": "pc", "lib": lib, "setting": name} for lib in mine]
+        out += [{"method": "pc", "lib": "PCX", "setting": name}]
     return out
 
 
@@ -294,6 +303,7 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/peers; --quick: a temp dir)")
     p.add_argument("--quick", action="store_true", help="a few batches, one repeat (a smoke test)")
+    p.add_argument("--no-compiled", action="store_true", help="skip inferlearn's compiled variant (--compile on)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a killed run still removes its temporary folder
     try:
@@ -388,7 +398,7 @@ def run(args, argv) -> int:
                 for rep in range(args.repeats):
                     peaks.setdefault(threads, []).append(matmul_gflops())
                     for kind, batch, nb, overhead in jobs[threads]:
-                        for v in variants(2 if overhead else threads):
+                        for v in variants(2 if overhead else threads, not args.no_compiled):
                             key = (kind, batch, threads, v["method"], v["lib"], v["setting"])
                             row = rows.setdefault(key, {"model": kind, "batch": batch, "cores": threads, **v,
                                                         "batches": nb, "samples": nb * batch, "times": [],
@@ -412,9 +422,10 @@ def run(args, argv) -> int:
                                     pcx_error = str(exc)
                                     continue
                             else:
+                                comp = v["lib"] == COMPILED
                                 if row["compile_s"] is None:
-                                    row["compile_s"] = torch_warmup(kind, v["method"], batch, setting, args.data_dir)
-                                r = torch_run(kind, v["method"], batch, nb, setting, args.data_dir, evaluate_acc)
+                                    row["compile_s"] = torch_warmup(kind, v["method"], batch, setting, args.data_dir, comp)
+                                r = torch_run(kind, v["method"], batch, nb, setting, args.data_dir, evaluate_acc, comp)
                             row["times"].append(r["seconds"])
                             if r.get("compile_s") is not None:
                                 row["compile_s"] = r["compile_s"]
@@ -480,7 +491,9 @@ def markdown(results, meta) -> str:
         "(`sched_setaffinity`), runs interleaved; two cores = two threads each on two cores.", "",
         "*epoch (s)*: median over repeats of the time to train the timed samples (column *timed*), scaled to 60 000 "
         "samples (one epoch); compilation and evaluation excluded. *compile / warm-up (s)*: JAX's first call "
-        "(trace + compile + one batch); for inferlearn its first batch in the process. *floor (s)*: multiply-adds "
+        "(trace + compile + one batch); for inferlearn its first batch in the process (*inferlearn compiled*, "
+        "`--compile on`: the first batch compiles the batch's graph — PC: the whole inference, forward pass, T steps "
+        "and weight gradient; BP: forward and backward — or loads it from inductor's on-disk cache). *floor (s)*: multiply-adds "
         "per epoch × 2 ÷ the measured matmul peak (1024×1024 float32 `torch.mm`, best of all repeats: "
         f"{peaks}; two cores: the better of the one- and two-thread peaks); BP 3F − F₀, PC 2F + 2T(F − F₀) per sample. *test acc*: after the timed samples "
         "(one epoch when *timed* is 60 000), first repeat, one core.", ""]
@@ -500,7 +513,8 @@ def markdown(results, meta) -> str:
                          f"{_f(r['vs_floor'], '{:.1f}')} | {_f(r['test_acc'], '{:.4f}')} |")
         lines.append("")
     lines += ["## Ratios", "", "| model | batch | cores | PC/BP inferlearn | PC/BP PCX vs JAX jit | "
-              "inferlearn/PCX (PC) | inferlearn/JAX (BP) |", "|---|---|---|---|---|---|---|"]
+              "inferlearn/PCX (PC) | compiled/PCX (PC) | inferlearn/JAX (BP) | compiled/JAX (BP) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     key = {(r["model"], r["batch"], r["cores"], r["method"], r["lib"], r["setting"]): r["epoch_s"] for r in results}
     def ratio(a, b):
         return f"{a / b:.2f}" if a and b else "—"
@@ -510,7 +524,8 @@ def markdown(results, meta) -> str:
             return key.get((kind, batch, cores, method, lib, "PCX setting" if method == "pc" else "—"))
         lines.append(f"| {kind} | {batch} | {cores} | {ratio(g('pc', 'inferlearn'), g('bp', 'inferlearn'))} | "
                      f"{ratio(g('pc', 'PCX'), g('bp', 'JAX jit'))} | {ratio(g('pc', 'inferlearn'), g('pc', 'PCX'))} | "
-                     f"{ratio(g('bp', 'inferlearn'), g('bp', 'JAX jit'))} |")
+                     f"{ratio(g('pc', COMPILED), g('pc', 'PCX'))} | {ratio(g('bp', 'inferlearn'), g('bp', 'JAX jit'))} | "
+                     f"{ratio(g('bp', COMPILED), g('bp', 'JAX jit'))} |")
     lines += ["", "PC rows at the PCX setting; ratios of the median epoch times above.", ""]
     acc = {(r["model"], r["batch"], r["method"], r["lib"], r["setting"]): r["test_acc"] for r in results
            if r["cores"] == 1 and r["test_acc"] is not None}
@@ -548,7 +563,7 @@ def plot(results, path: Path) -> None:
 
     groups = list(dict.fromkeys((r["model"], r["batch"]) for r in results))
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.6), squeeze=False)
-    colors = {"inferlearn": "tab:blue", "PCX": "tab:orange", "JAX jit": "tab:green"}
+    colors = {"inferlearn": "tab:blue", COMPILED: "tab:purple", "PCX": "tab:orange", "JAX jit": "tab:green"}
     for ax, (kind, batch) in zip(axes[0], groups):
         rows = [r for r in results if r["model"] == kind and r["batch"] == batch]
         labels = []

@@ -78,7 +78,7 @@ def solve_difference(energy: LiftedEnergy, x: torch.Tensor, hidden0: Sequence[to
     if L == 1:
         return [], 0, 0.0
     tol = RELATIVE_TOL if tol is None else tol
-    Ws, w = energy.weights, energy.term_weights
+    Ws = energy.weights
     top = _top_residual(energy, pre0, target, nudge, b)
     # s_k: the free phase's scaled gradient, zero strictly inside the box (stationarity), kept at the bounds
     r0 = [None] + [hidden0[k - 1] - pre0[k] for k in range(1, L)]

@@ -23,7 +23,7 @@ from ..losses import check_labels, one_hot, quadratic_loss
 from ..units import UnitSet
 from .chain import Chain
 from .compiled import CompiledStep
-from .solvers import residual_floor_of
+from .solvers import max_abs, residual_floor_of
 
 LocalBackward = Callable[[UnitSet, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -272,8 +272,8 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
         return new, None
     # element-wise only (the step is −η ∂F/∂z_k), one fused reduction per quantity over all layers
     step = torch._foreach_sub(new, z[1:L])
-    return new, torch.stack([*torch._foreach_norm(step, math.inf), *torch._foreach_norm(step),
-                             *torch._foreach_norm(eps[1:L]), *torch._foreach_norm(new, math.inf)])
+    return new, torch.stack([*max_abs(step), *torch._foreach_norm(step),
+                             *torch._foreach_norm(eps[1:L]), *max_abs(new)])
 
 
 PC_STEP = CompiledStep(_pc_step, "the predictive-coding step")

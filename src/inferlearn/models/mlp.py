@@ -42,10 +42,13 @@ def has_only_finite(x: torch.Tensor) -> bool:
 
 
 def all_finite(tensors) -> bool:
-    """True when no tensor of ``tensors`` (a list) holds NaN/inf: one fused ``max|t|`` per tensor (NaN and inf
-    propagate through it and, unlike a sum, finite values never overflow it) and one synchronisation."""
+    """True when no tensor of ``tensors`` (a list) holds NaN/inf, with one synchronisation: a finite total of the
+    tensors' sums proves it (NaN and inf propagate through sums); only a non-finite total (which a sum overflowing
+    the dtype also gives) needs the element-wise check."""
     tensors = [t.detach() for t in tensors if t.numel()]
-    return not tensors or bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, math.inf))).all())
+    if not tensors or bool(torch.isfinite(torch.stack([t.sum() for t in tensors]).sum())):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 class MLP(nn.Module):
