@@ -203,3 +203,13 @@ def test_cli_records_the_recipe_in_config_json(tmp_path, capsys):
     assert main(["train", "--data", "digits", "--weight-decay", "-1", "--quiet", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Invalid weight_decay: -1.0" in err[0] and "Traceback" not in err[0]
+
+
+def test_compare_takes_the_recipe_through_the_shared_config(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--data", "digits", "--arch", "conv:2-4/8", "--epochs", "1", "--limit-train", "200",
+                 "--rules", "backprop", "--standardize", "on", "--augment", "crop-flip", "--optimizer", "adamw",
+                 "--weight-decay", "1e-3", "--lr-schedule", "cosine", "--quiet", "--out", str(out)]) == 0
+    saved = json.loads((out / "backprop" / "config.json").read_text())
+    assert (saved["standardize"], saved["augment"], saved["optimizer"], saved["weight_decay"], saved["lr_schedule"]) == \
+        ("on", "crop-flip", "adamw", 1e-3, "cosine")
