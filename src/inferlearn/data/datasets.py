@@ -231,7 +231,8 @@ def _check_archive(spec: Spec, archive: Path, allow_unverified: bool = False, un
                 unverified.append(str(archive))
             return
         raise DataError(f"Checksum mismatch for {archive}: MD5 {digest}, published {spec.archive[1]}. "
-                        "The archive is corrupt or truncated; delete it and fetch it again.")
+                        "The archive is corrupt or truncated; delete it and fetch it again (or, for a copy you know "
+                        "differs, opt in with --allow-unverified).")
 
 
 def _extract_archive(spec: Spec, archive: Path, allow_unverified: bool = False) -> dict:
