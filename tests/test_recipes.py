@@ -208,8 +208,11 @@ def test_cli_records_the_recipe_in_config_json(tmp_path, capsys):
 def test_compare_takes_the_recipe_through_the_shared_config(tmp_path, capsys):
     out = tmp_path / "cmp"
     assert main(["compare", "--data", "digits", "--arch", "conv:2-4/8", "--epochs", "1", "--limit-train", "200",
-                 "--rules", "backprop", "--standardize", "on", "--augment", "crop-flip", "--optimizer", "adamw",
+                 "--rules", "backprop", "--lr", "0.01", "--standardize", "on", "--augment", "crop-flip", "--optimizer", "adamw",
                  "--weight-decay", "1e-3", "--lr-schedule", "cosine", "--quiet", "--out", str(out)]) == 0
     saved = json.loads((out / "backprop" / "config.json").read_text())
     assert (saved["standardize"], saved["augment"], saved["optimizer"], saved["weight_decay"], saved["lr_schedule"]) == \
         ("on", "crop-flip", "adamw", 1e-3, "cosine")
+    table = (out / "comparison.md").read_text().splitlines()[0]
+    assert table.endswith("adamw lr 0.01, batch 50, seed 0, epochs 1, first 200 training samples, weight decay 0.001, "
+                          "lr schedule cosine, inputs standardised per channel, crop-flip augmentation.")
