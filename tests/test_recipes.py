@@ -99,6 +99,8 @@ def test_standardisation_uses_the_statistics_of_the_fitted_training_split(colour
     mean, std = fit.mean(axis=(0, 2)), fit.std(axis=(0, 2))
     np.testing.assert_allclose(s.input_stats[0].numpy(), mean, rtol=1e-12)
     np.testing.assert_allclose(s.input_stats[1].numpy(), std, rtol=1e-12)
+    for got, want in zip(channel_stats(raw.train_x[:25], (3, 32, 32), chunk=7), s.input_stats):   # chunked sums
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     assert not np.allclose(mean, raw.train_x[:32].numpy().reshape(32, 3, -1).mean(axis=(0, 2)))  # the split matters
     for got, x in ((s.train_x, raw.train_x[:25]), (s.val_x, raw.train_x[32:]), (s.test_x, raw.test_x)):
         ref = (x.numpy().astype(np.float64).reshape(len(x), 3, -1) - mean[:, None]) / std[:, None]

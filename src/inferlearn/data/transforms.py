@@ -42,26 +42,38 @@ def resolve_standardize(mode: str, data: str) -> str:
     return mode
 
 
-def channel_stats(x: torch.Tensor, image_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+def channel_stats(x: torch.Tensor, image_shape: tuple, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and population standard deviation of flat images ``x`` (N, C·H·W), in float64.
+
+    Two passes over chunks of ``chunk`` rows (the mean, then the squared deviations from it), so no float64
+    copy of the whole split is made (Tiny ImageNet's would take 10 GB).
 
     Returns:
         ``(mean, std)``, each of shape ``(C,)``; a zero standard deviation is returned as 1 (the channel is
         then only centred).
     """
     c = image_shape[0]
-    v = x.detach().to(torch.float64).reshape(x.shape[0], c, -1).transpose(0, 1).reshape(c, -1)
-    mean = v.mean(1)
-    std = ((v - mean[:, None]) ** 2).mean(1).sqrt()
+    per = x.shape[1] // c
+    count = x.shape[0] * per
+
+    def total(f):
+        acc = torch.zeros(c, dtype=torch.float64)
+        for i in range(0, x.shape[0], chunk):
+            v = x[i:i + chunk].detach().to(torch.float64).reshape(-1, c, per)
+            acc += f(v).sum(dim=(0, 2)).cpu()
+        return acc
+
+    mean = total(lambda v: v) / count
+    std = (total(lambda v: (v - mean.to(v.device)[None, :, None]) ** 2) / count).sqrt()
     return mean, torch.where(std > 0, std, torch.ones_like(std))
 
 
 def standardize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, image_shape: tuple) -> torch.Tensor:
     """``(x − μ_c) / σ_c`` per channel of flat images ``x`` (a new tensor of ``x``'s dtype and device)."""
     c = image_shape[0]
-    m = mean.to(x.device, torch.float64).repeat_interleave(x.shape[1] // c)
-    s = std.to(x.device, torch.float64).repeat_interleave(x.shape[1] // c)
-    return ((x.to(torch.float64) - m) / s).to(x.dtype)
+    m = mean.to(x.device, x.dtype).reshape(1, c, 1)
+    s = std.to(x.device, x.dtype).reshape(1, c, 1)
+    return ((x.reshape(x.shape[0], c, -1) - m) / s).reshape(x.shape)
 
 
 class CropFlip:

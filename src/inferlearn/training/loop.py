@@ -3,8 +3,8 @@
 Read it top to bottom: build data (standardised per channel when asked, :mod:`inferlearn.data.transforms`),
 model, rule and optimiser from a :class:`TrainConfig`; for each epoch shuffle (seeded by ``(seed, epoch)``
 so a resumed run sees the same batches), crop and flip each mini-batch when asked (from a seeded generator
-whose state the checkpoint keeps), let the rule fill ``.grad``, step the optimiser, stop at once on a non-finite loss or weight, evaluate, append
-the metrics, write an atomic checkpoint and the learning-curve PNG.
+whose state the checkpoint keeps), let the rule fill ``.grad``, step the optimiser, stop at once on a
+non-finite loss or weight, evaluate, append the metrics, write an atomic checkpoint and the learning-curve PNG.
 
 Data-parallel (``--nproc N`` or ``torchrun``): every rank builds the same model and draws the same
 global batches; each computes its rule's gradient on its contiguous shard of the batch, the
@@ -109,24 +109,24 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
                          "with real tensors (e.g. not under torch.device('meta'))")
     model = model.to(device, dtype)
     fit, val = split_train(data.train_x.shape[0], config.val_size, config.limit_train, data.name)
-    prepare, stats, fill = (lambda x: x), None, None
+    prepare, stats, fill = (lambda x: x.to(device, dtype)), None, None   # the inputs as the model takes them
     if config.standardize == "on":
         stats = channel_stats(data.train_x[fit], data.image_shape)
         fill = -stats[0] / stats[1]   # a black (raw 0) pixel, standardised: the augmentation's padding
-        prepare = lambda x: standardize(x, *stats, data.image_shape)  # noqa: E731
+        prepare = lambda x: standardize(x.to(device, dtype), *stats, data.image_shape)  # noqa: E731
     augment = (CropFlip(data.image_shape, config.seed * 100_003 + AUGMENT_STREAM, fill)
                if config.augment == "crop-flip" else None)
-    check_forward(model, prepare(data.train_x[:2]).to(device, dtype), data.n_classes, config.arch, data.name)
+    check_forward(model, prepare(data.train_x[:2]), data.n_classes, config.arch, data.name)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"The model {config.arch!r} has no trainable parameters (none, or all with "
                          "requires_grad=False): there is nothing to train")
     opt = make_optimizer(config, params)
-    val_x = prepare(data.train_x[val]).to(device, dtype) if config.val_size else None
+    val_x = prepare(data.train_x[val]) if config.val_size else None
     val_y = data.train_y[val].to(device) if config.val_size else None
     return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt, config.epochs),
-                 prepare(data.train_x[fit]).to(device, dtype), data.train_y[fit].to(device),
-                 prepare(data.test_x).to(device, dtype), data.test_y.to(device), val_x=val_x, val_y=val_y,
+                 prepare(data.train_x[fit]), data.train_y[fit].to(device),
+                 prepare(data.test_x), data.test_y.to(device), val_x=val_x, val_y=val_y,
                  group=group or Group(), augment=augment, input_stats=stats)
 
 
