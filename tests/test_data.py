@@ -241,3 +241,187 @@ def test_fetch_and_list_verify_content_not_presence(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="Checksum mismatch"):
         datasets.fetch("cifar10", tmp_path, progress=False)
     assert datasets.describe("cifar10", tmp_path).startswith("CORRUPT")
+
+
+def _make_cifar100_archive(path, fine=None):
+    """``cifar-100-python.tar.gz`` with ``train`` (6 images), ``test`` (3) and ``meta``, as published."""
+    rng = np.random.RandomState(7)
+    blobs = {}
+    for name, n in (("train", 6), ("test", 3)):
+        data = rng.randint(0, 256, (n, 3072)).astype(np.uint8)
+        labels = (fine if fine is not None and name == "train" else rng.randint(0, 100, n)).tolist()
+        blob = pickle.dumps({b"filenames": [b"f"] * n, b"batch_label": b"x", b"fine_labels": labels,
+                             b"coarse_labels": [v // 5 for v in labels], b"data": data}, protocol=2)
+        blobs[name] = (blob, data, labels)
+    blobs["meta"] = (pickle.dumps({b"fine_label_names": [b"a"] * 100, b"coarse_label_names": [b"b"] * 20}), None, None)
+    with tarfile.open(path, "w:gz") as tar:
+        for name, (blob, _, _) in blobs.items():
+            info = tarfile.TarInfo(f"cifar-100-python/{name}")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return blobs, {n: hashlib.md5(b[0]).hexdigest() for n, b in blobs.items()}, hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _install(monkeypatch, name, **changes):
+    """The registry's spec of ``name`` with the generated files' checksums (the reader is unchanged)."""
+    import dataclasses
+
+    monkeypatch.setitem(datasets.SPECS, name, dataclasses.replace(datasets.SPECS[name], **changes))
+    datasets._load_cached.cache_clear()
+
+
+def test_cifar100_reader_from_archive(tmp_path, monkeypatch):
+    """CIFAR-100's python format: the archive is verified and extracted, ``fine_labels`` are the 100 classes."""
+    (tmp_path / "cifar100").mkdir()
+    archive = tmp_path / "cifar100" / "cifar-100-python.tar.gz"
+    blobs, sums, archive_md5 = _make_cifar100_archive(archive, fine=np.array([0, 99, 42, 5, 17, 63]))
+    _install(monkeypatch, "cifar100", checksums=sums, archive=(archive.name, archive_md5))
+    d = load_dataset("cifar-100", data_dir=tmp_path)
+    assert (d.name, d.n_classes, d.image_shape) == ("cifar100", 100, (3, 32, 32))
+    np.testing.assert_allclose(d.train_x.numpy(), blobs["train"][1] / 255.0, rtol=1e-6)
+    np.testing.assert_allclose(d.test_x.numpy(), blobs["test"][1] / 255.0, rtol=1e-6)
+    assert d.train_y.tolist() == [0, 99, 42, 5, 17, 63] and d.test_y.tolist() == blobs["test"][2]
+    assert (tmp_path / "cifar100" / "cifar-100-python" / "train").is_file()
+    assert "verified" in datasets.describe("cifar100", tmp_path)
+    datasets._load_cached.cache_clear()   # now from the extracted folder, its members verified
+    (tmp_path / "cifar100" / "cifar-100-python" / "test").write_bytes(blobs["test"][0][:-5])
+    with pytest.raises(DataError, match="Checksum mismatch for .*cifar-100-python/test"):
+        load_dataset("cifar100", data_dir=tmp_path)
+
+
+@pytest.mark.parametrize("damage, msg", [("truncate", "Checksum mismatch"), ("labels", r"labels outside 0\.\.99"),
+                                         ("cifar10", "Corrupt CIFAR-100 file .*fine_labels")])
+def test_cifar100_damaged(tmp_path, monkeypatch, damage, msg):
+    (tmp_path / "cifar100").mkdir()
+    archive = tmp_path / "cifar100" / "cifar-100-python.tar.gz"
+    if damage == "cifar10":   # a CIFAR-10 batch (b"labels", no b"fine_labels") in CIFAR-100's place
+        blobs, sums, archive_md5 = _make_cifar100_archive(archive)
+        folder = tmp_path / "cifar100" / "cifar-100-python"
+        folder.mkdir()
+        for name, (blob, _, _) in blobs.items():
+            (folder / name).write_bytes(_cifar_batch(3, 0)[0] if name == "test" else blob)
+        sums["test"] = hashlib.md5((folder / "test").read_bytes()).hexdigest()
+    else:
+        blobs, sums, archive_md5 = _make_cifar100_archive(archive, fine=np.array([0, 1, 2, 3, 4, 100]) if damage == "labels" else None)
+        if damage == "truncate":
+            archive.write_bytes(archive.read_bytes()[:200])
+    _install(monkeypatch, "cifar100", checksums=sums, archive=(archive.name, archive_md5))
+    with pytest.raises(DataError, match=msg):
+        load_dataset("cifar100", data_dir=tmp_path)
+
+
+def _jpeg(colour, size=64, mode="RGB"):
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, (size, size), colour).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def _make_tiny_imagenet(path, per_class=2, damage=None):
+    """``tiny-imagenet-200.zip`` in the official layout (200 classes of constant-colour images, so the decoded
+    pixels are known up to JPEG's rounding). Returns the expected arrays."""
+    import zipfile
+
+    rng = np.random.RandomState(3)
+    wnids = [f"n{10000000 + 7 * k:08d}" for k in range(200)]
+    colours = rng.randint(0, 256, (200, per_class + 1, 3))
+    root = "tiny-imagenet-200/"
+    files = {root + "wnids.txt": ("\n".join(wnids) + "\n").encode(), root + "words.txt": b"n0\tthing\n"}
+    train_x, train_y, test_x, test_y, notes = [], [], [], [], []
+    for k, w in enumerate(wnids):
+        for i in reversed(range(per_class)):   # written out of order: the reader sorts by number
+            files[f"{root}train/{w}/images/{w}_{i}.JPEG"] = _jpeg(tuple(int(c) for c in colours[k, i]))
+        files[f"{root}train/{w}/{w}_boxes.txt"] = b""
+        train_x += [np.broadcast_to(colours[k, i][:, None, None], (3, 64, 64)) for i in range(per_class)]
+        train_y += [k] * per_class
+    order = rng.permutation(200)   # validation images of shuffled classes
+    for j, k in enumerate(order):
+        files[f"{root}val/images/val_{j}.JPEG"] = _jpeg(tuple(int(c) for c in colours[k, per_class]))
+        notes.append(f"val_{j}.JPEG\t{wnids[k]}\t0\t0\t63\t63")
+        test_x.append(np.broadcast_to(colours[k, per_class][:, None, None], (3, 64, 64)))
+        test_y.append(int(k))
+    files[root + "val/val_annotations.txt"] = ("\n".join(notes) + "\n").encode()
+    files[root + "test/images/test_0.JPEG"] = _jpeg((1, 2, 3))   # unlabelled: not read
+    gray = f"{root}train/{wnids[1]}/images/{wnids[1]}_0.JPEG"    # a grayscale JPEG, as a few in the real set
+    files[gray] = _jpeg(200, mode="L")
+    train_x[per_class] = np.full((3, 64, 64), 200)
+    if damage == "no-annotations":
+        del files[root + "val/val_annotations.txt"]
+    elif damage == "bad-jpeg":
+        files[f"{root}val/images/val_3.JPEG"] = b"\xff\xd8 not a jpeg"
+    elif damage == "small":
+        files[f"{root}val/images/val_3.JPEG"] = _jpeg((9, 9, 9), size=32)
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, blob in files.items():
+            zf.writestr(name, blob)
+    return np.stack(train_x).reshape(len(train_x), -1), train_y, np.stack(test_x).reshape(200, -1), test_y
+
+
+def test_tiny_imagenet_reader_from_zip(tmp_path, monkeypatch):
+    """Tiny ImageNet read from its zip: classes in wnids.txt order, training images by class and number,
+    the validation split (labelled by val_annotations.txt) as the test split, grayscale JPEGs as RGB."""
+    (tmp_path / "tiny-imagenet").mkdir()
+    archive = tmp_path / "tiny-imagenet" / "tiny-imagenet-200.zip"
+    tr_x, tr_y, te_x, te_y = _make_tiny_imagenet(archive)
+    _install(monkeypatch, "tiny-imagenet", archive=(archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
+    d = load_dataset("tiny-imagenet", data_dir=tmp_path)
+    assert (d.n_classes, d.image_shape, d.train_x.shape, d.test_x.shape) == (200, (3, 64, 64), (400, 12288), (200, 12288))
+    assert d.train_y.tolist() == tr_y and d.test_y.tolist() == te_y
+    np.testing.assert_allclose(d.train_x.numpy() * 255, tr_x, atol=3)   # JPEG rounding of a constant colour
+    np.testing.assert_allclose(d.test_x.numpy() * 255, te_x, atol=3)
+    assert not (tmp_path / "tiny-imagenet" / "tiny-imagenet-200").exists(), "the zip is read in place"
+    assert "verified" in datasets.describe("tiny-imagenet", tmp_path)
+    archive.write_bytes(archive.read_bytes()[:-100])
+    datasets._load_cached.cache_clear()
+    with pytest.raises(DataError, match="Checksum mismatch"):
+        load_dataset("tiny-imagenet", data_dir=tmp_path)
+    with pytest.raises(DataError, match="Corrupt or truncated archive"):   # even when opted in
+        load_dataset("tiny-imagenet", data_dir=tmp_path, allow_unverified=True)
+
+
+@pytest.mark.parametrize("damage, msg", [("no-annotations", "has no tiny-imagenet-200/val/val_annotations.txt"),
+                                         ("bad-jpeg", "Corrupt Tiny ImageNet image .*val/images/val_3.JPEG"),
+                                         ("small", "val_3.JPEG: size 32×32, expected 64×64")])
+def test_tiny_imagenet_damaged(tmp_path, monkeypatch, damage, msg):
+    (tmp_path / "tiny-imagenet").mkdir()
+    archive = tmp_path / "tiny-imagenet" / "tiny-imagenet-200.zip"
+    _make_tiny_imagenet(archive, per_class=1, damage=damage)
+    _install(monkeypatch, "tiny-imagenet", archive=(archive.name, hashlib.md5(archive.read_bytes()).hexdigest()))
+    with pytest.raises(DataError, match=msg):
+        load_dataset("tiny-imagenet", data_dir=tmp_path)
+
+
+def test_tiny_imagenet_extracted_folder_needs_the_opt_in(tmp_path):
+    """Only the zip has a published checksum: an extracted folder is refused in one line, read with the opt-in."""
+    import zipfile
+
+    from inferlearn.errors import UnverifiedDataWarning
+
+    archive = tmp_path / "tiny-imagenet-200.zip"
+    tr_x, _, _, te_y = _make_tiny_imagenet(archive, per_class=1)
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(tmp_path / "tiny-imagenet")
+    archive.unlink()
+    with pytest.raises(DataError, match="cannot be verified.*--allow-unverified") as err:
+        load_dataset("tiny-imagenet", data_dir=tmp_path)
+    assert "\n" not in str(err.value)
+    assert datasets.describe("tiny-imagenet", tmp_path).startswith("UNVERIFIABLE")
+    with pytest.warns(UnverifiedDataWarning):
+        d = load_dataset("tiny-imagenet", data_dir=tmp_path, allow_unverified=True)
+    assert d.test_y.tolist() == te_y and d.train_x.shape == (200, 12288)
+
+
+def test_fetch_tiny_imagenet_verifies_the_zip_and_keeps_it(tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    _make_tiny_imagenet(mirror / "tiny-imagenet-200.zip", per_class=1)
+    _install(monkeypatch, "tiny-imagenet", archive=("tiny-imagenet-200.zip", "0" * 32))
+    with pytest.raises(DataError, match="(?s)Could not fetch.*Checksum mismatch"):
+        datasets.fetch("tiny-imagenet", tmp_path / "bad", progress=False, mirrors=(mirror.as_uri() + "/",))
+    assert not (tmp_path / "bad" / "tiny-imagenet" / "tiny-imagenet-200.zip").exists(), "a bad download was kept"
+    md5_ = hashlib.md5((mirror / "tiny-imagenet-200.zip").read_bytes()).hexdigest()
+    _install(monkeypatch, "tiny-imagenet", archive=("tiny-imagenet-200.zip", md5_))
+    folder = datasets.fetch("tiny-imagenet", tmp_path / "dest", progress=False, mirrors=(mirror.as_uri() + "/",))
+    assert folder == tmp_path / "dest" / "tiny-imagenet" and (folder / "tiny-imagenet-200.zip").is_file()
+    assert load_dataset("tiny-imagenet", data_dir=tmp_path / "dest").n_classes == 200

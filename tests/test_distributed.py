@@ -73,11 +73,13 @@ def test_sharded_gradients_equal_the_full_batch_gradient_for_every_rule(tmp_path
     assert max(errors.values()) < 1e-9, errors
 
 
-def test_train_with_two_processes_matches_one(tmp_path):
+@pytest.mark.parametrize("recipe", [[], ["--augment", "crop-flip"]], ids=["plain", "crop-flip"])
+def test_train_with_two_processes_matches_one(tmp_path, recipe):
+    """With augmentation every process draws the crops and flips of the whole global batch and applies its rows'."""
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(CLI + TRAIN + ["--epochs", "2", "--out", str(one)], env=_env(), check=True, capture_output=True,
+    subprocess.run(CLI + TRAIN + recipe + ["--epochs", "2", "--out", str(one)], env=_env(), check=True, capture_output=True,
                    timeout=240)
-    r = subprocess.run(CLI + TRAIN + ["--epochs", "2", "--out", str(two), "--nproc", "2"], env=_env(),
+    r = subprocess.run(CLI + TRAIN + recipe + ["--epochs", "2", "--out", str(two), "--nproc", "2"], env=_env(),
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("epoch   1") == 1   # only rank 0 speaks

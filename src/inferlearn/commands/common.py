@@ -9,7 +9,8 @@ import torch
 
 from ..engine.compiled import MODES as COMPILE_MODES
 from ..models import ZOO
-from ..training.config import TrainConfig
+from ..data.transforms import AUGMENT, COLOUR_SETS, STANDARDIZE
+from ..training.config import OPTIMIZERS, TrainConfig
 from ..units import UNIT_SETS
 from ..data import DATASETS
 
@@ -25,13 +26,18 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--act", default=defaults.act, help=f"hidden units: {', '.join(UNIT_SETS)} (default %(default)s)")
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    p.add_argument("--optimizer", default=defaults.optimizer, choices=["sgd", "adam"])
+    p.add_argument("--optimizer", default=defaults.optimizer, choices=list(OPTIMIZERS),
+                   help="sgd, adam or adamw (decoupled weight decay) (default %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=defaults.weight_decay, metavar="W",
+                   help="weight decay: an L2 term W·w in the gradient for sgd and adam, decoupled for adamw "
+                        "(default %(default)s)")
     p.add_argument("--lr", type=float, default=defaults.lr,
                    help="learning rate (default: the rule's recommended rate for the optimizer, recorded in config.json)")
     p.add_argument("--momentum", type=float, default=defaults.momentum)
     p.add_argument("--lr-schedule", default=defaults.lr_schedule,
                    help="constant, warmup (5 epochs at 0.1×lr, then 0.3×lr), warmup:E:F:A (E epochs at F×lr, then A×lr) "
-                        "or scaled:F (default %(default)s)")
+                        "scaled:F, cosine or cosine:W (W epochs of linear warm-up, then a cosine decay to the last "
+                        "epoch) (default %(default)s)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in) (MLP widths only)")
     p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
@@ -41,6 +47,12 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--data-dir", default=None, help="folder searched first for dataset files")
     p.add_argument("--allow-unverified", action="store_true",
                    help="read data files whose checksums differ from the published ones (with a warning)")
+    p.add_argument("--standardize", default=defaults.standardize, choices=list(STANDARDIZE),
+                   help="per-channel standardisation with the training split's mean and std: auto (default: on for "
+                        f"{', '.join(COLOUR_SETS)}, off elsewhere), on, off")
+    p.add_argument("--augment", default=defaults.augment, choices=list(AUGMENT),
+                   help="training-batch augmentation: none (default) or crop-flip (random crop from a 4-pixel zero "
+                        "padding and a left-right flip, seeded by --seed)")
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
     p.add_argument("--val", type=int, default=defaults.val_size, metavar="N", dest="val_size",
                    help="hold out the last N training images as a validation split, reported as val_acc (default 0: none)")
@@ -166,7 +178,8 @@ def config_from_args(args, **overrides) -> TrainConfig:
     check_device(args.device)
     check_data_dir(args.data_dir)
     config = TrainConfig(data=args.data, arch=args.arch, act=args.act, epochs=args.epochs, batch_size=args.batch_size,
-                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, lr_schedule=args.lr_schedule, seed=args.seed,
+                       optimizer=args.optimizer, lr=args.lr, momentum=args.momentum,
+                       weight_decay=args.weight_decay, standardize=args.standardize, augment=args.augment, lr_schedule=args.lr_schedule, seed=args.seed,
                        init_scale=args.init_scale, device=args.device, dtype=args.dtype, out=args.out, data_dir=args.data_dir,
                        limit_train=args.limit_train, val_size=args.val_size, allow_unverified=args.allow_unverified,
                        tensorboard=args.tensorboard, threads=torch.get_num_threads(),

@@ -9,9 +9,14 @@ Files are resolved in this order, first match wins:
 5. a download from the public mirrors, only when ``download=True`` (``inferlearn data fetch NAME``).
 
 In each root the files of a data set live in a sub-folder named after it (``mnist/``,
-``fashion-mnist/``, ``cifar10/``); a root that directly holds the files works too. Every file is
-verified by the MD5 of its *uncompressed* content against the published value: a corrupt or
-truncated file raises :class:`~inferlearn.errors.DataError` and is never used.
+``fashion-mnist/``, ``cifar10/``, ``cifar100/``, ``tiny-imagenet/``); a root that directly holds the files
+works too. Every file is verified by the MD5 of its *uncompressed* content against the published value: a
+corrupt or truncated file raises :class:`~inferlearn.errors.DataError` and is never used.
+
+Formats: idx (MNIST, Fashion-MNIST); the python pickles of CIFAR-10 and CIFAR-100, from the
+``.tar.gz`` archive or its extracted folder (whose members have published MD5s too); Tiny ImageNet's
+``tiny-imagenet-200.zip``, read in place (only the zip has a published MD5: an extracted
+``tiny-imagenet-200/`` folder cannot be verified and is read only with ``allow_unverified``).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError, UnverifiedDataWarning
-from . import cifar
+from . import cifar, tiny_imagenet
 from .download import download
 from .idx import md5, parse_idx, read_bytes
 
@@ -43,6 +48,14 @@ class Spec:
     archive: tuple | None = None  # (archive name, MD5) for data sets shipped as one archive
     how_to_get: str = ""
     gray: bool = False
+    member_dir: str = cifar.MEMBER_DIR   # the folder the archive holds
+    reader: str | None = None            # "idx", "cifar10", "cifar100", "tiny-imagenet"; None: by ``archive``
+    n_classes: int = 10
+
+    @property
+    def kind(self) -> str:
+        """The reader: ``reader``, else ``cifar10`` for an archive and ``idx`` for loose files."""
+        return self.reader or ("cifar10" if self.archive else "idx")
 
 
 MNIST = Spec(
@@ -71,7 +84,22 @@ CIFAR10 = Spec(folder="cifar10", checksums=_CIFAR_MEMBERS, mirrors=("https://www
 CIFAR10_GRAY = Spec(folder="cifar10", checksums=_CIFAR_MEMBERS, mirrors=CIFAR10.mirrors, archive=CIFAR10.archive,
                     how_to_get=_CIFAR_HOW, gray=True)
 
-SPECS = {"mnist": MNIST, "fashion-mnist": FASHION_MNIST, "cifar10": CIFAR10, "cifar10-gray": CIFAR10_GRAY}
+CIFAR100 = Spec(folder="cifar100", checksums={"train": "16019d7e3df5f24257cddd939b257f8d",
+                                              "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+                                              "meta": "7973b15100ade9c7d40fb424638fde48"},
+                mirrors=("https://www.cs.toronto.edu/~kriz/",),
+                archive=("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85"),
+                member_dir=cifar.MEMBER_DIR_100, reader="cifar100", n_classes=100,
+                how_to_get="run `inferlearn data fetch cifar100` (needs network), or put cifar-100-python.tar.gz or the "
+                           "extracted cifar-100-python/ in $INFERLEARN_DATA/cifar100/")
+TINY_IMAGENET = Spec(folder="tiny-imagenet", checksums={}, mirrors=("http://cs231n.stanford.edu/",),
+                     archive=("tiny-imagenet-200.zip", "90528d7ca1a48142e341f4ef8d21d0de"),
+                     member_dir=tiny_imagenet.ROOT, reader="tiny-imagenet", n_classes=200,
+                     how_to_get="run `inferlearn data fetch tiny-imagenet` (needs network), or put "
+                                "tiny-imagenet-200.zip in $INFERLEARN_DATA/tiny-imagenet/")
+
+SPECS = {"mnist": MNIST, "fashion-mnist": FASHION_MNIST, "cifar10": CIFAR10, "cifar10-gray": CIFAR10_GRAY,
+         "cifar100": CIFAR100, "tiny-imagenet": TINY_IMAGENET}
 DATASETS = ("digits", *SPECS)
 
 @dataclass
@@ -105,7 +133,8 @@ class Dataset:
 def check_name(name: str) -> str:
     """Normalise and validate a data set name."""
     key = str(name).lower().replace("_", "-")
-    aliases = {"fashion": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-10": "cifar10", "cifar10-grey": "cifar10-gray"}
+    aliases = {"fashion": "fashion-mnist", "fmnist": "fashion-mnist", "cifar-10": "cifar10", "cifar10-grey": "cifar10-gray",
+               "cifar-100": "cifar100", "tinyimagenet": "tiny-imagenet", "tiny-imagenet-200": "tiny-imagenet"}
     key = aliases.get(key, key)
     if key not in DATASETS:
         raise DataError(f"Unknown dataset {name!r}; choose one of {list(DATASETS)}")
@@ -142,9 +171,16 @@ def _find_file(folder: Path, name: str) -> Path | None:
 
 
 def _locate(spec: Spec, folder: Path) -> dict | None:
-    """Files of ``spec`` in ``folder`` (``{name: path}``), or ``None`` when any is missing."""
+    """Files of ``spec`` in ``folder`` (``{name: path}``), or ``None`` when any is missing.
+
+    Tiny ImageNet: ``{"archive": zip}`` (preferred: it can be verified) or ``{"folder": extracted folder}``."""
+    if spec.kind == "tiny-imagenet":
+        archive, extracted = folder / spec.archive[0], folder / spec.member_dir
+        if archive.is_file():
+            return {"archive": archive}
+        return {"folder": extracted} if (extracted / "wnids.txt").is_file() else None
     if spec.archive:
-        extracted = folder / cifar.MEMBER_DIR
+        extracted = folder / spec.member_dir
         if extracted.is_dir() and all((extracted / n).is_file() for n in spec.checksums):
             return {n: extracted / n for n in spec.checksums}
         archive = folder / spec.archive[0]
@@ -186,17 +222,27 @@ def _verified(path: Path, expected: str | None, allow_unverified: bool = False,
     return data
 
 
+def _check_archive(spec: Spec, archive: Path, allow_unverified: bool = False, unverified: list | None = None) -> None:
+    """Compare an archive's MD5 with the published one (:class:`DataError`, or noted in ``unverified``)."""
+    digest = md5(archive.read_bytes())
+    if digest != spec.archive[1]:
+        if allow_unverified:
+            if unverified is not None:
+                unverified.append(str(archive))
+            return
+        raise DataError(f"Checksum mismatch for {archive}: MD5 {digest}, published {spec.archive[1]}. "
+                        "The archive is corrupt or truncated; delete it and fetch it again (or, for a copy you know "
+                        "differs, opt in with --allow-unverified).")
+
+
 def _extract_archive(spec: Spec, archive: Path, allow_unverified: bool = False) -> dict:
     """Verify and extract a CIFAR archive next to itself (or into the user cache if read-only)."""
-    digest = md5(archive.read_bytes())
-    if digest != spec.archive[1] and not allow_unverified:
-        raise DataError(f"Checksum mismatch for {archive}: MD5 {digest}, published {spec.archive[1]}. "
-                        "The archive is corrupt or truncated; delete it and fetch it again.")
+    _check_archive(spec, archive, allow_unverified)
     target = archive.parent if os.access(archive.parent, os.W_OK) else cache_dir() / spec.folder
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target) as tmp:
-        folder = cifar.safe_extract(archive, Path(tmp))
-        final = target / cifar.MEMBER_DIR
+        folder = cifar.safe_extract(archive, Path(tmp), spec.member_dir)
+        final = target / spec.member_dir
         if not final.exists():
             os.replace(folder, final)
     return {n: final / n for n in spec.checksums}
@@ -214,20 +260,47 @@ def _load_idx(name: str, spec: Spec, files: dict, allow_unverified: bool = False
 
 
 def _load_cifar(spec: Spec, files: dict, allow_unverified: bool = False, unverified: list | None = None) -> tuple:
+    """CIFAR-10 (``data_batch_1..5``, ``test_batch``) or CIFAR-100 (``train``, ``test``), each verified as it is read."""
     if "archive" in files:
         files = _extract_archive(spec, files["archive"], allow_unverified)
 
     def batch(n):
-        return cifar.parse_batch(_verified(files[n], spec.checksums[n], allow_unverified, unverified), str(files[n]))
+        data = _verified(files[n], spec.checksums[n], allow_unverified, unverified)
+        return cifar.parse_batch(data, str(files[n]), spec.n_classes)
 
-    parts = [batch(n) for n in cifar.TRAIN_BATCHES]
+    train_names, test_name = (("train",), "test") if spec.kind == "cifar100" else (cifar.TRAIN_BATCHES, cifar.TEST_BATCH)
+    parts = [batch(n) for n in train_names]
     tr_x = np.concatenate([p[0] for p in parts])
     tr_y = np.concatenate([p[1] for p in parts])
-    te_x, te_y = batch(cifar.TEST_BATCH)
+    te_x, te_y = batch(test_name)
     if spec.gray:
         tr_x, te_x = cifar.to_grayscale(tr_x), cifar.to_grayscale(te_x)
     shape = tuple(tr_x.shape[1:])
-    return tr_x.reshape(len(tr_x), -1), tr_y, te_x.reshape(len(te_x), -1), te_y, 10, shape
+    return tr_x.reshape(len(tr_x), -1), tr_y, te_x.reshape(len(te_x), -1), te_y, spec.n_classes, shape
+
+
+def _load_tiny(spec: Spec, files: dict, allow_unverified: bool = False, unverified: list | None = None) -> tuple:
+    """Tiny ImageNet from its verified zip, or (``allow_unverified`` only) from an extracted folder."""
+    if "archive" in files:
+        _check_archive(spec, files["archive"], allow_unverified, unverified)
+        source = files["archive"]
+    else:
+        source = files["folder"]
+        if not allow_unverified:
+            raise DataError(_unverifiable(source, spec))
+        if unverified is not None:
+            unverified.append(str(source))
+    tr_x, tr_y, te_x, te_y, n_classes, shape = tiny_imagenet.read(source)
+    return tr_x.reshape(len(tr_x), -1), tr_y, te_x.reshape(len(te_x), -1), te_y, n_classes, shape
+
+
+def _unverifiable(folder: Path, spec: Spec) -> str:
+    return (f"{folder} is an extracted copy that cannot be verified (only {spec.archive[0]} has a published "
+            f"checksum, MD5 {spec.archive[1]}); put {spec.archive[0]} in {folder.parent} instead, or read the folder "
+            "with --allow-unverified")
+
+
+LOADERS = {"idx": None, "cifar10": _load_cifar, "cifar100": _load_cifar, "tiny-imagenet": _load_tiny}
 
 
 def _load_digits() -> tuple:
@@ -263,7 +336,9 @@ def fetch(name: str, data_dir=None, progress: bool = True, mirrors: tuple | None
         for mirror in mirrors or spec.mirrors:
             try:
                 path = download(mirror + fname, folder / fname, progress=progress)
-                if not spec.archive:
+                if spec.archive:
+                    _check_archive(spec, path)   # a bad copy from one mirror: try the next
+                else:
                     _verified(path, spec.checksums[fname[:-3]])
                 break
             except DataError as exc:
@@ -271,7 +346,7 @@ def fetch(name: str, data_dir=None, progress: bool = True, mirrors: tuple | None
                 errors.append(str(exc))
         else:
             raise DataError(f"Could not fetch {fname} for {key} from any mirror:\n  " + "\n  ".join(errors))
-    if spec.archive:
+    if spec.archive and spec.kind != "tiny-imagenet":   # Tiny ImageNet is read from its zip
         _extract_archive(spec, folder / spec.archive[0])
     return folder
 
@@ -279,11 +354,10 @@ def fetch(name: str, data_dir=None, progress: bool = True, mirrors: tuple | None
 def verify(name: str, files: dict) -> None:
     """Check located files against the published checksums (:class:`DataError` naming a bad file)."""
     spec = SPECS[check_name(name)]
+    if "folder" in files:
+        raise DataError(_unverifiable(files["folder"], spec))
     if "archive" in files:
-        digest = md5(files["archive"].read_bytes())
-        if digest != spec.archive[1]:
-            raise DataError(f"Checksum mismatch for {files['archive']}: MD5 {digest}, published {spec.archive[1]}; "
-                            "delete it and fetch it again")
+        _check_archive(spec, files["archive"])
         return
     for n, p in files.items():
         _verified(p, spec.checksums[n])
@@ -303,7 +377,7 @@ def _load_cached(key: str, data_dir: str | None, download_missing: bool, allow_u
             raise DataError(f"Dataset {key!r} not found. Looked in:\n  " + "\n  ".join(looked) + f"\nTo get it: {spec.how_to_get}.")
         source = str(next(iter(files.values())).parent)
         unverified: list[str] = []
-        load = _load_cifar if spec.archive else functools.partial(_load_idx, key)
+        load = LOADERS[spec.kind] or functools.partial(_load_idx, key)
         arrays = load(spec, files, allow_unverified, unverified)
     tr_x, tr_y, te_x, te_y, n_classes, shape = arrays
     to_x = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32) / 255.0)  # noqa: E731
@@ -315,7 +389,8 @@ def _load_cached(key: str, data_dir: str | None, download_missing: bool, allow_u
 
 def load_dataset(name: str, data_dir: str | os.PathLike | None = None, download: bool = False,
                  allow_unverified: bool = False) -> Dataset:
-    """Load a data set by name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``).
+    """Load a data set by name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``,
+    ``cifar100``, ``tiny-imagenet``; Tiny ImageNet's validation split is its test split).
 
     Args:
         data_dir: a folder searched first (see the module docstring for the order).
@@ -343,6 +418,8 @@ def describe(name: str, data_dir=None) -> str:
         return "bundled with scikit-learn"
     files, looked = locate(key, data_dir)
     if files:
+        if "folder" in files:
+            return f"UNVERIFIABLE: {_unverifiable(files['folder'], SPECS[key])}"
         try:
             verify(key, files)
         except DataError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import write_json, write_text
+from ..data.transforms import resolve_standardize
 from .config import TrainConfig
 from ..diagnostics import gradient_alignment, mean_weight_alignment
 from ..plots import plot_curves
@@ -108,7 +109,7 @@ def format_table(base: TrainConfig, rows: list[dict]) -> str:
     lr = f"lr {base.lr}" if base.lr is not None else "each rule's recommended lr"
     head = (f"Data `{base.data}`, architecture `{base.arch}`, units `{base.act}`, {base.optimizer} {lr}, "
             f"batch {base.batch_size}, seed {base.seed}, epochs {rows[0]['epochs'] if rows else 0}"
-            + (f", first {base.limit_train} training samples" if base.limit_train else "") + ".\n\n")
+            + (f", first {base.limit_train} training samples" if base.limit_train else "") + _recipe(base) + ".\n\n")
     lines = ["| rule | options | lr | train acc | test acc | active non-lin. | epoch time / BP | grad. cosine with BP |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -118,6 +119,15 @@ def format_table(base: TrainConfig, rows: list[dict]) -> str:
     note = ("\nEpoch time: median over epochs, ratio to back-propagation in the same process. Gradient cosine: mean "
             "over weight matrices, on the first 256 training samples at the rule's final weights.\n")
     return head + "\n".join(lines) + "\n" + note
+
+
+def _recipe(base: TrainConfig) -> str:
+    """The settings of the input pipeline and optimiser that differ from plain training, for the table's header."""
+    parts = [f"weight decay {base.weight_decay:g}" if base.weight_decay else "",
+             f"lr schedule {base.lr_schedule}" if base.lr_schedule != "constant" else "",
+             "inputs standardised per channel" if resolve_standardize(base.standardize, base.data) == "on" else "",
+             f"{base.augment} augmentation" if base.augment != "none" else ""]
+    return "".join(f", {p}" for p in parts if p)
 
 
 def load_rows(folder: str | Path) -> list[dict]:

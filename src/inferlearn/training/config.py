@@ -9,9 +9,12 @@ from ..engine.compiled import check_compile_mode
 from ..units import get_units
 from ..data.datasets import check_name
 from ..models import check_arch
+from ..data.transforms import AUGMENT, STANDARDIZE, resolve_standardize
 from .schedules import check_schedule
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+#: the value a setting had before it existed: a ``config.json`` without the key loads with it (the old behaviour)
+LEGACY = {"standardize": "off"}
 DTYPES = ("float32", "float64")
 #: the largest seed: each epoch's batch order is seeded with ``seed · 100003 + epoch``, which torch's
 #: generators take up to 2**64 - 1
@@ -23,7 +26,8 @@ class TrainConfig:
     """Everything needed to rerun a training run (written to ``config.json``).
 
     Attributes:
-        data: data set name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``).
+        data: data set name (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar10-gray``, ``cifar100``,
+            ``tiny-imagenet``).
         arch: ``784-64-64-64-10`` (an MLP; the first and last widths must match the data),
             ``conv:16-32/64`` (a conv net), a zoo model (``vgg5``, ``resnet20:width=0.5``,
             ``resmlp:depth=64,param=mupc``, ...) or ``package.module:function`` (your own model); see
@@ -32,11 +36,25 @@ class TrainConfig:
         rule: learning rule name (see ``inferlearn.rules.RULES``).
         rule_options: the rule's hyper-parameters, as strings or values.
         epochs, batch_size: training length and mini-batch size.
-        optimizer, lr, momentum: ``sgd`` or ``adam``; learning rate; SGD momentum. ``lr=None`` (the default)
-            takes the rule's recommended rate for the optimiser (:attr:`inferlearn.rules.Rule.recommended_lr`,
-            chosen on validation splits by ``benchmarks/tune_defaults.py``); a run resolves it when it
-            starts (:meth:`resolved`), so ``config.json`` records the number it trained with.
-        lr_schedule: ``constant``, ``warmup`` or ``scaled:F`` (:mod:`inferlearn.training.schedules`).
+        optimizer, lr, momentum: ``sgd``, ``adam`` or ``adamw``; learning rate; SGD momentum. ``lr=None`` (the
+            default) takes the rule's recommended rate for the optimiser (:attr:`inferlearn.rules.Rule.recommended_lr`,
+            chosen on validation splits by ``benchmarks/tune_defaults.py``; ``adamw`` takes Adam's); a run
+            resolves it when it starts (:meth:`resolved`), so ``config.json`` records the number it trained with.
+        weight_decay: ``λ ≥ 0``. For ``sgd`` and ``adam`` the L2 term ``λ w`` is added to the gradient
+            (torch's ``weight_decay``); for ``adamw`` the decoupled decay ``w ← w − lr · λ · w`` of Loshchilov &
+            Hutter (2019). Default 0 (none; ``adamw`` then equals ``adam``).
+        lr_schedule: ``constant``, ``warmup``, ``warmup:E:F:A``, ``scaled:F``, ``cosine`` or ``cosine:W``
+            (:mod:`inferlearn.training.schedules`).
+        standardize: ``auto`` (default), ``on`` or ``off``: per-channel standardisation with the mean and
+            standard deviation of the training split the run fits (:mod:`inferlearn.data.transforms`).
+            ``auto`` is ``on`` for the colour sets ``cifar10``, ``cifar100``, ``tiny-imagenet`` and ``off``
+            elsewhere; a run records the resolved ``on``/``off`` (:meth:`resolved`). A ``config.json``
+            written before the option existed loads as ``off``, its behaviour then.
+        augment: ``none`` (default) or ``crop-flip``: each training mini-batch is randomly cropped from a
+            4-pixel zero padding and flipped left-right, drawn from a generator seeded by the run's seed
+            whose state every checkpoint keeps (:class:`inferlearn.data.transforms.CropFlip`). Every data set
+            here is made of images, so it applies to all; flips suit natural images (CIFAR, Tiny ImageNet,
+            Fashion-MNIST), not digits, whose mirror image may be another digit or none.
         seed: seeds the weights and the batch order; same seed and config give the same metrics on CPU.
         init_scale: weights ``N(0, init_scale²/fan_in)``, biases 0.
         device: ``cpu`` or ``cuda``.
@@ -78,6 +96,7 @@ class TrainConfig:
     optimizer: str = "sgd"
     lr: float | None = None
     momentum: float = 0.0
+    weight_decay: float = 0.0
     lr_schedule: str = "constant"
     seed: int = 0
     init_scale: float = 1.0
@@ -95,13 +114,15 @@ class TrainConfig:
     checkpoint_every: int = 1
     divergence_factor: float = 1e6
     compile: str = "auto"
+    standardize: str = "auto"
+    augment: str = "none"
 
     def __post_init__(self) -> None:
         from ..rules import RULES
 
         check_name(self.data)
         check_arch(self.arch)
-        check_schedule(self.lr_schedule)
+        check_schedule(self.lr_schedule, int(self.epochs) if isinstance(self.epochs, int) else None)
         get_units(self.act)
         if self.rule not in RULES:
             raise ValueError(f"Unknown rule {self.rule!r}; choose one of {sorted(RULES)}")
@@ -109,6 +130,13 @@ class TrainConfig:
             raise ValueError(f"Unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
         if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"Invalid learning rate: {self.lr}")
+        if isinstance(self.weight_decay, bool) or not (isinstance(self.weight_decay, (int, float))
+                                                        and math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"Invalid weight_decay: {self.weight_decay} (must be a number ≥ 0, e.g. --weight-decay 5e-4)")
+        if self.standardize not in STANDARDIZE:
+            raise ValueError(f"Unknown standardize mode {self.standardize!r}; choose one of {list(STANDARDIZE)}")
+        if self.augment not in AUGMENT:
+            raise ValueError(f"Unknown augment {self.augment!r}; choose one of {list(AUGMENT)}")
         if not (0 <= self.momentum < 1):
             raise ValueError(f"Invalid momentum: {self.momentum}")
         for name in ("epochs", "batch_size", "checkpoint_every"):
@@ -135,28 +163,32 @@ class TrainConfig:
             raise ValueError(f"Unknown device {self.device!r}; use cpu or cuda")
 
     def resolved(self) -> "TrainConfig":
-        """This config with ``lr=None`` replaced by the rule's recommended rate for the optimiser (for incremental
-        predictive coding with SGD, its ``weight_step``: the rate at which one step on its gradient is iPC's)."""
+        """This config with ``lr=None`` replaced by the rule's recommended rate for the optimiser (Adam's for
+        ``adamw``; for incremental predictive coding with SGD, its ``weight_step``: the rate at which one step on its
+        gradient is iPC's) and ``standardize="auto"`` by ``on`` or ``off`` for the data set."""
         from ..rules import make_rule, recommended_lr
 
-        if self.lr is not None:
-            return self
-        step = getattr(make_rule(self.rule, self.rule_options), "weight_step", None) if self.rule == "pc" else None
-        if step is not None and self.optimizer == "sgd":
-            return self.replace(lr=float(step))
-        return self.replace(lr=recommended_lr(self.rule, self.optimizer))
+        lr = self.lr
+        if lr is None:
+            step = getattr(make_rule(self.rule, self.rule_options), "weight_step", None) if self.rule == "pc" else None
+            if step is not None and self.optimizer == "sgd":
+                lr = float(step)
+            else:
+                lr = recommended_lr(self.rule, "adam" if self.optimizer == "adamw" else self.optimizer)
+        return self.replace(lr=lr, standardize=resolve_standardize(self.standardize, check_name(self.data)))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        """Build from a dict; an unknown key raises ``ValueError`` (a typo must not be ignored)."""
+        """Build from a dict; an unknown key raises ``ValueError`` (a typo must not be ignored). A key of
+        :data:`LEGACY` that the dict lacks (a ``config.json`` older than the setting) takes its old value."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"Unknown config keys {sorted(unknown)}; known keys: {sorted(known)}")
-        return cls(**d)
+        return cls(**(LEGACY | d))
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

@@ -1,9 +1,10 @@
 """One training loop for every rule: seeded, checkpointed, resumable, with progress bars.
 
-Read it top to bottom: build data, model, rule and optimiser from a :class:`TrainConfig`; for each
-epoch shuffle (seeded by ``(seed, epoch)`` so a resumed run sees the same batches), let the rule
-fill ``.grad``, step the optimiser, stop at once on a non-finite loss or weight, evaluate, append
-the metrics, write an atomic checkpoint and the learning-curve PNG.
+Read it top to bottom: build data (standardised per channel when asked, :mod:`inferlearn.data.transforms`),
+model, rule and optimiser from a :class:`TrainConfig`; for each epoch shuffle (seeded by ``(seed, epoch)``
+so a resumed run sees the same batches), crop and flip each mini-batch when asked (from a seeded generator
+whose state the checkpoint keeps), let the rule fill ``.grad``, step the optimiser, stop at once on a
+non-finite loss or weight, evaluate, append the metrics, write an atomic checkpoint and the learning-curve PNG.
 
 Data-parallel (``--nproc N`` or ``torchrun``): every rank builds the same model and draws the same
 global batches; each computes its rule's gradient on its contiguous shard of the batch, the
@@ -15,7 +16,8 @@ Output folder::
 
     config.json      the TrainConfig (resume with ``inferlearn train --resume DIR``)
     metrics.jsonl    one JSON object per epoch
-    checkpoint.pt    model, optimiser, epoch, metric history and the rule's per-sample state (written atomically)
+    checkpoint.pt    model, optimiser, epoch, metric history, the rule's per-sample state and the augmentation's
+                     generator state (written atomically)
     curves.png       learning curves
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tqdm.auto import tqdm
 
 from .config import TrainConfig
 from ..data import Dataset, load_dataset
+from ..data.transforms import CropFlip, channel_stats, standardize
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
 from ..engine.compiled import compile_seconds, compiling
@@ -61,6 +64,12 @@ class Setup:
     group: Group = dataclasses.field(default_factory=Group)   # data-parallel ranks (one by default)
     val_x: torch.Tensor | None = None  # the held-out validation split (``TrainConfig.val_size``), or None
     val_y: torch.Tensor | None = None
+    augment: CropFlip | None = None   # ``TrainConfig.augment="crop-flip"``: the per-mini-batch crop and flip
+    input_stats: tuple | None = None  # ``(mean, std)`` per channel of the standardisation, or None
+
+
+#: the augmentation generator's seed is ``seed · 100003 + AUGMENT_STREAM``, apart from every epoch's batch order
+AUGMENT_STREAM = 100_002
 
 
 def split_train(n_train: int, val_size: int, limit_train: int | None, data_name: str = "the data set") -> tuple[slice, slice]:
@@ -81,7 +90,8 @@ def split_train(n_train: int, val_size: int, limit_train: int | None, data_name:
 def build(config: TrainConfig, group: Group | None = None) -> Setup:
     """Load data and build model, rule and optimiser; checks that the architecture fits the data.
 
-    ``config.lr = None`` takes the rule's recommended rate (:meth:`TrainConfig.resolved`).
+    ``config.lr = None`` takes the rule's recommended rate and ``standardize="auto"`` its value for the data
+    (:meth:`TrainConfig.resolved`). Standardisation uses the statistics of the split the run fits.
     """
     config = config.resolved()
     data = load_dataset(config.data, config.data_dir, allow_unverified=config.allow_unverified)
@@ -99,20 +109,36 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
                          "with real tensors (e.g. not under torch.device('meta'))")
     model = model.to(device, dtype)
     fit, val = split_train(data.train_x.shape[0], config.val_size, config.limit_train, data.name)
-    check_forward(model, data.train_x[:2].to(device, dtype), data.n_classes, config.arch, data.name)
+    prepare, stats, fill = (lambda x: x.to(device, dtype)), None, None   # the inputs as the model takes them
+    if config.standardize == "on":
+        stats = channel_stats(data.train_x[fit], data.image_shape)
+        fill = -stats[0] / stats[1]   # a black (raw 0) pixel, standardised: the augmentation's padding
+        prepare = lambda x: standardize(x.to(device, dtype), *stats, data.image_shape)  # noqa: E731
+    augment = (CropFlip(data.image_shape, config.seed * 100_003 + AUGMENT_STREAM, fill)
+               if config.augment == "crop-flip" else None)
+    check_forward(model, prepare(data.train_x[:2]), data.n_classes, config.arch, data.name)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"The model {config.arch!r} has no trainable parameters (none, or all with "
                          "requires_grad=False): there is nothing to train")
-    if config.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
-    else:
-        opt = torch.optim.Adam(params, lr=config.lr)
-    val_x = data.train_x[val].to(device, dtype) if config.val_size else None
+    opt = make_optimizer(config, params)
+    val_x = prepare(data.train_x[val]) if config.val_size else None
     val_y = data.train_y[val].to(device) if config.val_size else None
-    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt), data.train_x[fit].to(device, dtype),
-                 data.train_y[fit].to(device), data.test_x.to(device, dtype), data.test_y.to(device), val_x=val_x, val_y=val_y,
-                 group=group or Group())
+    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt, config.epochs),
+                 prepare(data.train_x[fit]), data.train_y[fit].to(device),
+                 prepare(data.test_x), data.test_y.to(device), val_x=val_x, val_y=val_y,
+                 group=group or Group(), augment=augment, input_stats=stats)
+
+
+def make_optimizer(config: TrainConfig, params: list) -> torch.optim.Optimizer:
+    """``sgd`` (with ``momentum``), ``adam`` or ``adamw``, each with ``config.weight_decay`` (coupled L2 for
+    the first two, decoupled for ``adamw``; see :class:`TrainConfig`)."""
+    wd = config.weight_decay
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=wd)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=config.lr, weight_decay=wd)
+    return torch.optim.Adam(params, lr=config.lr, weight_decay=wd)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -166,12 +192,17 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     for step in bar:
         idx = order[step * config.batch_size:(step + 1) * config.batch_size]
         mine = group.shard(idx)
+        x = s.train_x[mine]
+        if s.augment is not None:   # drawn for the global batch, so every rank draws the same numbers
+            dy, dx, flip = s.augment.draw(len(idx))
+            rows = group.shard(torch.arange(len(idx)))
+            x = s.augment.apply(x, dy[rows], dx[rows], flip[rows])
         s.optimizer.zero_grad(set_to_none=True)
         loss = 0.0
         if len(mine):
             # the last, partial batch runs eagerly rather than compiling a new shape
             with compiling("off") if len(idx) < config.batch_size and steps > 1 else contextlib.nullcontext():
-                loss = s.rule.backward(s.model, s.train_x[mine], s.train_y[mine], index=mine if indexed else None).loss
+                loss = s.rule.backward(s.model, x, s.train_y[mine], index=mine if indexed else None).loss
         loss = group.average_gradients(params, len(mine), len(idx), loss)
         if indexed and group.distributed:   # every rank keeps every sample's state: share this step's rows
             group.share_sample_state(s.rule, idx)
@@ -232,9 +263,12 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
 
 
 def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
-    return {"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
+    ckpt = {"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
             "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss,
             "rule_state": s.rule.state_dict()}
+    if s.augment is not None:
+        ckpt["augment"] = s.augment.state_dict()
+    return ckpt
 
 
 def train(config: TrainConfig, progress: bool = True, resume: bool = False, log: Callable[[str], None] | None = print,
@@ -301,6 +335,11 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
         if "scheduler" in ckpt:
             s.scheduler.load_state_dict(ckpt["scheduler"])
         s.rule.load_state_dict(ckpt.get("rule_state", {}))
+        if s.augment is not None:
+            if "augment" not in ckpt:
+                raise RunFolderError(f"{folder.checkpoint_path} holds no augmentation state, but the run augments "
+                                     "(--augment crop-flip): it was written by another run; start again with --overwrite")
+            s.augment.load_state_dict(ckpt["augment"])
         start, history, s.first_loss = ckpt["epoch"], ckpt["history"], ckpt.get("first_loss")
         if start > config.epochs:
             raise RunFolderError(f"{folder.path} already holds {start} epochs, more than the {config.epochs} asked "
