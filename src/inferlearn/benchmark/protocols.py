@@ -40,8 +40,9 @@ from pathlib import Path
 
 from ..training.config import TrainConfig
 
-#: TrainConfig fields a protocol may not set: the benchmark sets them per run (seed, split, folder, device)
-RESERVED = ("data", "arch", "rule", "rule_options", "seed", "val_size", "out", "device", "data_dir",
+#: TrainConfig fields a protocol may not set: the benchmark sets them per run (seed, split, folder, device); a
+#: variant may set ``arch`` (e.g. a model its rule can read), which the budget scales like the protocol's
+RESERVED = ("data", "rule", "rule_options", "seed", "val_size", "out", "device", "data_dir",
             "allow_unverified", "threads", "tensorboard", "nproc")
 #: how a search selects its hyper-parameters: the validation accuracy of the last epoch, or of the best one
 SELECTIONS = ("last", "best")
@@ -126,11 +127,16 @@ class Budget:
                 raise ValueError(f"Invalid budget {key} ×{v}: must lie in (0, 1]")
 
     @property
-    def label(self) -> str:
-        """``cpu (width ×0.125, epochs ×0.1)``, or ``full (the protocol's own width and epochs)``."""
+    def factors(self) -> str:
+        """``width ×0.125, epochs ×0.1``, or ``the protocol's own width and epochs``."""
         if self.width == 1 and self.epochs == 1:
-            return f"{self.name} (the protocol's own width and epochs)"
-        return f"{self.name} (width ×{self.width:g}, epochs ×{self.epochs:g})"
+            return "the protocol's own width and epochs"
+        return f"width ×{self.width:g}, epochs ×{self.epochs:g}"
+
+    @property
+    def label(self) -> str:
+        """``cpu (width ×0.125, epochs ×0.1)``: the name and the factors."""
+        return f"{self.name} ({self.factors})"
 
 
 FULL = Budget("full")

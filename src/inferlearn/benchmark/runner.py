@@ -94,8 +94,8 @@ def run_config(protocol: Protocol, variant: Variant, point: dict, seed: int, sea
     """
     out = Path(settings.out) / ("search" if search else "final") / variant.name
     out = out / point_name(point) / f"seed{seed}" if search else out / f"seed{seed}"
-    d = {"data": protocol.data, "arch": scaled_arch(protocol.arch, settings.budget.width), **protocol.train,
-         **variant.train}
+    d = {"data": protocol.data, "arch": protocol.arch, **protocol.train, **variant.train}
+    d["arch"] = scaled_arch(d["arch"], settings.budget.width)
     d["epochs"] = scaled_epochs(int(d.get("epochs", TrainConfig().epochs)), settings.budget.epochs)
     options = dict(variant.options)
     for key, value in point.items():
@@ -148,7 +148,9 @@ def format_plan(protocol: Protocol, settings: Settings, command: str) -> str:
             state = f"conflict: {exc}"
         if run["point"] is None:   # the search chooses the point: show the variant's own settings
             v = protocol.variant(run["variant"])
-            point, options, lr = "the search's choice", dict(v.options), f"from {list(v.search)}"
+            grid = "; ".join(f"{k} in {list(vals)}" for k, vals in v.search.items())
+            point, options = f"the search's choice ({grid})", dict(v.options)
+            lr = "searched" if "lr" in v.search else f"{cfg.resolved().lr:g}"
         else:
             point, options, lr = point_name(run["point"]), cfg.rule_options, f"{cfg.resolved().lr:g}"
         lines.append(f"- {run['kind']:6s} {run['variant']}: {point}, seed {run['seed']}: {cfg.rule} "

@@ -37,7 +37,7 @@ def list_protocols() -> str:
     for p in PROTOCOLS.values():
         lines.append(f"{p.name}: {p.summary}\n    data {p.data}, --arch {p.arch}, {len(p.variants)} variants "
                      f"({', '.join(v.name for v in p.variants)}); full budget on {p.full_device}, "
-                     f"--budget cpu = {p.cpu.label}")
+                     f"--budget cpu = {p.cpu.factors}")
     return "\n".join(lines)
 
 
@@ -54,7 +54,7 @@ def run(args) -> int:
     if full_gpu and not args.dry_run and not (device.startswith("cuda") and torch.cuda.is_available()):
         raise ValueError(f"Protocol {protocol.name} at --budget {args.budget} needs a CUDA GPU (and --device cuda), "
                          f"which this machine {'lacks' if not torch.cuda.is_available() else 'was not given'}; "
-                         f"on a CPU use --budget cpu ({protocol.cpu.label}) or a number, e.g. --budget 0.25")
+                         f"on a CPU use --budget cpu ({protocol.cpu.factors}) or a number, e.g. --budget 0.25")
     if not args.dry_run:
         check_device(device)
     check_data_dir(args.data_dir)
