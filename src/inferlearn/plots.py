@@ -68,7 +68,7 @@ def plot_benchmark(results: dict, path: str | os.PathLike) -> None:
         lo = min([100 * (r["test_acc_mean"] - r["test_acc_std"]) for r in rows] + [v for _, v in refs])
         ax.set_ylim(max(0.0, lo - 5), 100)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")
     ax.set_title(f"{results['protocol']} — budget {results['budget']}", fontsize=9)
     fig.tight_layout()
     with atomic_path(path) as tmp:

@@ -164,7 +164,7 @@ def header(protocol: Protocol, settings: Settings, command: str, data_line: str)
     v = protocol.variants[0]
     cfg = run_config(protocol, v, v.grid()[0], 0, False, settings)
     return [f"# Benchmark `{protocol.name}`", "", protocol.summary, "",
-            f"- **Budget:** {settings.budget.label}: `--arch {cfg.arch}`, {cfg.epochs} epochs",
+            f"- **Budget:** {settings.budget.label}: `--arch {cfg.arch}`, {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}",
             f"- **Data:** {data_line}",
             f"- **Device:** {settings.device}",
             f"- **Command:** `{command}`",

@@ -60,7 +60,7 @@ def run(args) -> int:
     check_data_dir(args.data_dir)
     threads = set_threads(args.threads)
     name = Path(args.protocol).stem if args.protocol not in PROTOCOLS else args.protocol
-    out = args.out if args.out is not None else f"runs/benchmark/{name}-{budget.name}"
+    out = args.out if args.out is not None else f"runs/benchmark/{name}-{budget.name.replace('/', '-')}"
     settings = Settings(out=out, budget=budget, seeds=args.seeds, device=device, data_dir=args.data_dir,
                         allow_unverified=args.allow_unverified, threads=threads, compile=args.compile)
     command = "inferlearn " + shlex.join(getattr(args, "argv", None) or ["benchmark", args.protocol])
