@@ -228,3 +228,23 @@ def test_every_protocol_plans_valid_configs_at_every_budget(name, tmp_path):
         assert [(r.variant, r.test_acc) for r in p.references] == [("bp", 89.43), ("pc-centred", 89.47),
                                                                    ("ipc", 85.51)]
         assert "Pinchetti" in p.source and p.full_device == "cuda"
+
+
+def test_a_diverged_run_scores_nothing_and_is_not_retrained(tmp_path):
+    spec = {"name": "div", "summary": "a grid with a diverging point", "data": "digits", "arch": "64-16-10",
+            "val_size": 300, "select": "best", "train": {"epochs": 2, "optimizer": "sgd", "limit_train": 200},
+            "variants": [{"name": "bp", "rule": "backprop", "search": {"lr": [1e6, 0.3]}}]}
+    path, out = tmp_path / "div.json", tmp_path / "out"
+    path.write_text(json.dumps(spec))
+    args = ("benchmark", str(path), "--budget", "full", "--seeds", "1", "--out", str(out), "--quiet")
+    rc, stdout, err = _cli(*args)
+    assert rc == 0, err
+    bad, good = out / "search" / "bp" / "lr=1e+06" / "seed0", out / "search" / "bp" / "lr=0.3" / "seed0"
+    assert "diverged" in json.loads((bad / "diverged.json").read_text())["error"].lower()
+    (row,) = json.loads((out / "results.json").read_text())["variants"]
+    assert row["chosen"] == {"lr": 0.3} and row["search"][0]["score"] is None
+    assert row["search"][1]["score"] == max(r["val_acc"] for r in _metrics(good))   # select = best epoch
+    before = _files(out)
+    rc, stdout, err = _cli(*args)
+    assert rc == 0 and "(trained)" not in stdout and "diverged (finished earlier, skipped)" in stdout
+    assert _files(out) == before

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ import numpy as np
 
 from ..atomic import write_json, write_text
 from ..data import load_dataset
-from ..errors import DivergenceError, RunFolderError
+from ..errors import ConvergenceError, DivergenceError, RunFolderError
 from ..training.config import TrainConfig
 from ..training.loop import build, finished_history, train
 from ..training.run_folder import RunFolder
@@ -161,10 +162,10 @@ def format_plan(protocol: Protocol, settings: Settings, command: str) -> str:
 
 def header(protocol: Protocol, settings: Settings, command: str, data_line: str) -> list[str]:
     """What every output of a benchmark says first: protocol, budget, data copy, device and the exact command."""
-    v = protocol.variants[0]
-    cfg = run_config(protocol, v, v.grid()[0], 0, False, settings)
+    arch = scaled_arch(protocol.arch, settings.budget.width)
+    epochs = scaled_epochs(int(protocol.train.get("epochs", TrainConfig().epochs)), settings.budget.epochs)
     return [f"# Benchmark `{protocol.name}`", "", protocol.summary, "",
-            f"- **Budget:** {settings.budget.label}: `--arch {cfg.arch}`, {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}",
+            f"- **Budget:** {settings.budget.label}: `--arch {arch}`, {epochs} epoch{'s' if epochs != 1 else ''}",
             f"- **Data:** {data_line}",
             f"- **Device:** {settings.device}",
             f"- **Command:** `{command}`",
@@ -206,8 +207,8 @@ def run_one(config: TrainConfig, progress: bool, log: Callable[[str], None] | No
         return {"diverged": json.loads((out / DIVERGED).read_text())["error"], "trained": False}
     try:
         history = train(config, progress=progress, resume=(out / "config.json").exists(), log=None)
-    except DivergenceError as exc:
-        message = str(exc).split(";")[0]
+    except (DivergenceError, ConvergenceError) as exc:   # the loss, the weights or PC's value nodes blew up
+        message = str(exc).split("; last good checkpoint")[0]
         write_json({"error": message}, out / DIVERGED)
         if log:
             log(f"  diverged: {message}")
@@ -247,8 +248,8 @@ def run_benchmark(protocol: Protocol, settings: Settings, command: str, progress
         if top.holds_run():
             raise RunFolderError(f"{out} holds a training run, not a benchmark; choose another --out")
         _check_plan(out, protocol, settings)
-        write_json({"protocol": protocol.name, "budget": settings.budget.label, "command": command,
-                    "spec": protocol.to_dict()}, out / PLAN)
+        write_json({"protocol": protocol.name, "budget": settings.budget.label, "width": settings.budget.width,
+                    "epochs": settings.budget.epochs, "command": command, "spec": protocol.to_dict()}, out / PLAN)
         return _run(protocol, settings, command, runs, progress, log)
 
 
@@ -256,7 +257,8 @@ def _check_plan(out: Path, protocol: Protocol, settings: Settings) -> None:
     if not (out / PLAN).exists():
         return
     saved = json.loads((out / PLAN).read_text())
-    if (saved.get("protocol"), saved.get("budget")) != (protocol.name, settings.budget.label):
+    budget = settings.budget
+    if (saved.get("protocol"), saved.get("width"), saved.get("epochs")) != (protocol.name, budget.width, budget.epochs):
         raise RunFolderError(f"{out} holds the benchmark {saved.get('protocol')} at budget {saved.get('budget')}; "
                              f"rerun that command to continue it, or choose another --out for {protocol.name} at "
                              f"{settings.budget.label}")
@@ -315,9 +317,19 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
                   f"test {final['test_acc']:.4f}" if "test_acc" in final else "diverged")
             bar.update(1)
         _summarise(row)
+        if len(rows) < len(protocol.variants):   # the variants so far, in case the benchmark stops here
+            _write(protocol, settings, command, rows)
     bar.close()
-    data = load_dataset(protocol.data, settings.data_dir, allow_unverified=settings.allow_unverified)
+    return _write(protocol, settings, command, rows)
+
+
+def _write(protocol: Protocol, settings: Settings, command: str, rows: list[dict]) -> dict:
+    """Write ``results.json``, ``results.md`` and ``results.png`` for the variants in ``rows``."""
+    with warnings.catch_warnings():   # an unverified copy: the runs warned, and the data line says so
+        warnings.simplefilter("ignore")
+        data = load_dataset(protocol.data, settings.data_dir, allow_unverified=settings.allow_unverified)
     results = _results(protocol, settings, command, rows, data_line(data))
+    results["complete"] = len(rows) == len(protocol.variants)
     write_json(results, Path(settings.out) / "results.json")
     write_text(format_results(protocol, settings, results), Path(settings.out) / "results.md")
     _plot(results, Path(settings.out) / "results.png")
@@ -362,6 +374,9 @@ def _pct(x: float | None) -> str:
 def format_results(protocol: Protocol, settings: Settings, results: dict) -> str:
     """The results as Markdown: the header (budget, data copy, command), the table, then the notes."""
     lines = header(protocol, settings, results["command"], results["data"])
+    if not results.get("complete", True):
+        lines += [f"**Partial:** {len(results['variants'])} of {len(protocol.variants)} variants so far; rerun the "
+                  "command to continue.", ""]
     lines += ["| variant | rule, options | chosen | search val acc % | test acc % (mean ± std, seeds) | "
               "epoch time (median) | time / BP | published |", "|---|---|---|---|---|---|---|---|"]
     for r in results["variants"]:
