@@ -155,7 +155,7 @@ def test_dry_run_prints_the_plan_and_trains_nothing(spec, tmp_path):
     rc, stdout, err = _cli("benchmark", str(spec), "--budget", "full", "--seeds", "2", "--out", str(tmp_path / "o"),
                            "--dry-run")
     assert rc == 0, err
-    runs = [line for line in stdout.splitlines() if line.startswith("- search") or line.startswith("- final")]
+    runs = [line for line in stdout.splitlines() if line.startswith(("- search", "- final"))]
     assert len(runs) == 2 + 2 + 2 + 2 + 2 + 2   # bp: 2 points, pc: 2 points, lpom: 2 points; 2 seeds each
     assert "Budget:** full" in stdout and not (tmp_path / "o").exists()
 
@@ -233,7 +233,8 @@ def test_every_protocol_plans_valid_configs_at_every_budget(name, tmp_path):
 def test_a_diverged_run_scores_nothing_and_is_not_retrained(tmp_path):
     spec = {"name": "div", "summary": "a grid with a diverging point", "data": "digits", "arch": "64-16-10",
             "val_size": 300, "select": "best", "train": {"epochs": 2, "optimizer": "sgd", "limit_train": 200},
-            "variants": [{"name": "bp", "rule": "backprop", "search": {"lr": [1e6, 0.3]}}]}
+            "variants": [{"name": "bp", "rule": "backprop", "search": {"lr": [1e6, 0.3]}},
+                         {"name": "bp-bad", "rule": "backprop", "search": {"lr": [1e6, 1e7]}}]}
     path, out = tmp_path / "div.json", tmp_path / "out"
     path.write_text(json.dumps(spec))
     args = ("benchmark", str(path), "--budget", "full", "--seeds", "1", "--out", str(out), "--quiet")
@@ -241,8 +242,10 @@ def test_a_diverged_run_scores_nothing_and_is_not_retrained(tmp_path):
     assert rc == 0, err
     bad, good = out / "search" / "bp" / "lr=1e+06" / "seed0", out / "search" / "bp" / "lr=0.3" / "seed0"
     assert "diverged" in json.loads((bad / "diverged.json").read_text())["error"].lower()
-    (row,) = json.loads((out / "results.json").read_text())["variants"]
+    row, bad_row = json.loads((out / "results.json").read_text())["variants"]
     assert row["chosen"] == {"lr": 0.3} and row["search"][0]["score"] is None
+    assert bad_row["skipped"] == "every search run diverged" and not (out / "final" / "bp-bad").exists()
+    assert "every search run diverged" in (out / "results.md").read_text()
     assert row["search"][1]["score"] == max(r["val_acc"] for r in _metrics(good))   # select = best epoch
     before = _files(out)
     rc, stdout, err = _cli(*args)

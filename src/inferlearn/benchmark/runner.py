@@ -29,7 +29,6 @@ run folders; the engine and the rules know nothing of it.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import warnings
 from collections.abc import Callable
@@ -293,16 +292,12 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
                 bar.update(1)
             scores.append(None if any(s is None for s in per_seed) else statistics.fmean(per_seed))
             row["search"].append({"point": point, "val_acc": per_seed, "score": scores[-1]})
-        if points:
-            best = choose(points, scores)
-            if best is None:
-                row["skipped"] = "every search run diverged"
-                bar.update(settings.seeds)
-                continue
-            row["chosen"] = points[best]
-        else:
-            row["chosen"] = v.grid()[0]
-        for k in range(settings.seeds):
+        best = choose(points, scores) if points else None
+        row["chosen"] = points[best] if best is not None else None if points else v.grid()[0]
+        if row["chosen"] is None:
+            row["skipped"] = "every search run diverged"
+            bar.update(settings.seeds)
+        for k in range(settings.seeds if row["chosen"] is not None else 0):
             cfg = run_config(protocol, v, row["chosen"], k, False, settings)
             res = run_one(cfg, progress, say)
             final = {"seed": k, "folder": cfg.out}
@@ -316,7 +311,8 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
             _note(say, {"kind": "final", "variant": v.name, "point": row["chosen"], "seed": k}, res,
                   f"test {final['test_acc']:.4f}" if "test_acc" in final else "diverged")
             bar.update(1)
-        _summarise(row)
+        if row["chosen"] is not None:
+            _summarise(row)
         if len(rows) < len(protocol.variants):   # the variants so far, in case the benchmark stops here
             _write(protocol, settings, command, rows)
     bar.close()
