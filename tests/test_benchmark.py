@@ -251,3 +251,13 @@ def test_a_diverged_run_scores_nothing_and_is_not_retrained(tmp_path):
     rc, stdout, err = _cli(*args)
     assert rc == 0 and "(trained)" not in stdout and "diverged (finished earlier, skipped)" in stdout
     assert _files(out) == before
+
+
+def test_the_docs_protocol_example_is_a_valid_protocol(tmp_path):
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "benchmark.md").read_text()
+    (block,) = re.findall(r"```json\n(.*?)```", text, re.S)
+    p = Protocol.from_dict(json.loads(block))
+    runs = plan(p, Settings(out=str(tmp_path), budget=parse_budget("full", p), seeds=2))
+    assert len(runs) == 2 + 4 + 2 * 2   # bp: 2 points, pc: 2 × 2 points; 2 final seeds each
