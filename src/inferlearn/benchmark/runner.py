@@ -18,7 +18,7 @@ Every training run is an ordinary run folder of the one training loop (:func:`in
     OUT/benchmark.json                     the protocol, its budget and the command (a rerun must match)
     OUT/search/<variant>/<point>/seed<s>/  config.json, metrics.jsonl, checkpoint.pt, curves.png
     OUT/final/<variant>/seed<k>/
-    OUT/results.md, results.json, results.png
+    OUT/results.md, results.json, results.png   (rewritten after each variant, marked partial until the last)
 
 A rerun of the same command skips the runs whose folders hold them finished (without rewriting a file:
 :func:`~inferlearn.training.loop.finished_history`), resumes an interrupted one from its last checkpoint, and
