@@ -164,6 +164,16 @@ CASES = [
  (C + ["--out", "RUN"], "holds another run (not a comparison)"),
  (C + ["--out", "ADMMRUN"], "holds another run (not a comparison)"),
  (C + ["--out", ""], "Invalid --out ''"),
+ # benchmark
+ (["benchmark", "imagenet-sota"], "Unknown protocol 'imagenet-sota'"),
+ (["benchmark", "mlp-mnist", "--budget", "0"], "Invalid --budget '0'"),
+ (["benchmark", "mlp-mnist", "--budget", "huge"], "Invalid --budget 'huge'"),
+ (["benchmark", "mlp-mnist", "--seeds", "-1"], "Invalid --seeds -1"),
+ (["benchmark", "mlp-mnist", "--device", "tpu"], "Unsupported device 'tpu'"),
+ (["benchmark", "mlp-mnist", "--data-dir", "/nonexistent/data"], "--data-dir /nonexistent/data is not a folder"),
+ (["benchmark", "mlp-mnist", "--out", "RUN"], "holds a training run, not a benchmark"),
+ (["benchmark", "mlp-mnist", "--out", ""], "Invalid --out ''"),
+ (["benchmark", "/nonexistent/protocol.json"], "does not exist"),
  (T + ["--out", ""], "Invalid --out ''"),
  (A + ["--out", ""], "Invalid --out ''"),
  (["train", "--resume", ""], "Invalid --resume ''"),
@@ -227,7 +237,7 @@ def folders(tmp_path_factory):
 @pytest.mark.parametrize("args, fragment", CASES, ids=[f"{i}:{' '.join(c[0][-2:])}" for i, c in enumerate(CASES)])
 def test_bad_input_gives_one_clear_line(folders, tmp_path, args, fragment):
     args = [str(folders / a) if a in FOLDERS else a for a in args]
-    new_out = args[0] in ("train", "admm", "compare") and "--out" not in args and "--resume" not in args
+    new_out = args[0] in ("train", "admm", "compare", "benchmark") and "--out" not in args and "--resume" not in args
     if new_out:
         args += ["--out", str(tmp_path / "out")]
     err = io.StringIO()

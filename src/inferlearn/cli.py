@@ -17,6 +17,7 @@ COMMANDS = [
     "inferlearn.commands.data",
     "inferlearn.commands.admm",
     "inferlearn.commands.reproduce",
+    "inferlearn.commands.benchmark",
 ]
 
 

@@ -49,3 +49,28 @@ def tile(filters: torch.Tensor) -> torch.Tensor:
         r, q = divmod(i, cols)
         grid[r * (h + 1):r * (h + 1) + h, q * (w + 1):q * (w + 1) + w] = filters[i]
     return grid
+
+
+def plot_benchmark(results: dict, path: str | os.PathLike) -> None:
+    """Bar chart of a benchmark (:mod:`inferlearn.benchmark.runner`): test accuracy per variant (mean over the seeds,
+    the std as error bars), the published numbers as markers, the budget in the title; atomically."""
+    rows = [r for r in results["variants"] if r.get("test_acc_mean") is not None]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(rows) + 2), 4.2))
+    xs = list(range(len(rows)))
+    ax.bar(xs, [100 * r["test_acc_mean"] for r in rows], yerr=[100 * r["test_acc_std"] for r in rows], capsize=4,
+           color="tab:blue", alpha=0.8, label="ours (mean ± std over seeds)")
+    refs = [(x, r["reference"]["test_acc"]) for x, r in zip(xs, rows) if r.get("reference")]
+    if refs:
+        ax.scatter(*zip(*refs), marker="D", color="tab:red", zorder=3, label="PCX (published)")
+    ax.set_xticks(xs, [r["label"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("test accuracy (%)")
+    if rows:
+        lo = min([100 * (r["test_acc_mean"] - r["test_acc_std"]) for r in rows] + [v for _, v in refs])
+        ax.set_ylim(max(0.0, lo - 5), 100)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"{results['protocol']} — budget {results['budget']}", fontsize=9)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)

@@ -105,6 +105,9 @@ def resume_hint(args) -> str:
         return f"if the run had started, continue it with `inferlearn {command} --resume {folder}` (any --nproc)"
     if command == "compare":
         return f"run the same command again to continue (it resumes the runs in {args.out})"
+    if command == "benchmark":
+        return ("run the same command again to continue (finished runs are skipped, the interrupted one resumes "
+                "from its last checkpoint)")
     return ""
 
 

@@ -22,6 +22,7 @@ Output folder::
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 import time
@@ -373,6 +374,24 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
         folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
     group.barrier()   # no rank leaves (and tears the group down) before rank 0 has written everything
     return history
+
+
+def finished_history(config: TrainConfig) -> list[dict] | None:
+    """The metrics of the run ``config`` describes when its folder holds it *finished* (``config.json`` with the
+    same settings, a checkpoint, and ``metrics.jsonl`` up to ``config.epochs``), else ``None``; reads only, so a
+    finished run is skipped without touching its files (a resumed :func:`train` rewrites them).
+
+    Raises:
+        RunFolderError: the folder holds a run with other settings.
+    """
+    config = config.resolved()
+    out = Path(config.out)
+    metrics = out / "metrics.jsonl"
+    if not ((out / "config.json").exists() and metrics.exists() and (out / "checkpoint.pt").exists()):
+        return None
+    _check_same_run(out, config)
+    history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return history if history and history[-1].get("epoch") == config.epochs else None
 
 
 def _check_same_run(out: Path, config: TrainConfig) -> None:

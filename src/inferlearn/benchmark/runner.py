@@ -1,0 +1,412 @@
+"""Run a benchmark protocol: a seeded search on a validation split, then final runs over K seeds.
+
+For each variant of a :class:`~inferlearn.benchmark.protocols.Protocol`, in the protocol's order:
+
+1. **Probe**: the rule runs one step on two training images of the model; a rule that refuses the model
+   (the lifted energies on max pooling, …) is skipped, with its one-line reason in the table.
+2. **Search**: every point of the variant's grid is trained with ``val_size`` held out (the *last* N training
+   images, :func:`inferlearn.training.loop.split_train`) for ``search_seeds`` seeds; its score is the mean
+   validation accuracy over the seeds, of the last epoch (``select="last"``) or of the best epoch
+   (``select="best"``). The highest score wins (ties: the first point in grid order); a diverged run scores
+   nothing. A grid of one point is not searched.
+3. **Final runs**: the chosen point on the full training split (no validation split), seeds ``0 … K−1``;
+   the table reports the last epoch's test accuracy, mean ± std over the seeds (numpy's, ``ddof=0``), the
+   median epoch time over every epoch of those runs, and its ratio to the baseline's (back-propagation).
+
+Every training run is an ordinary run folder of the one training loop (:func:`inferlearn.training.loop.train`)::
+
+    OUT/benchmark.json                     the protocol, its budget and the command (a rerun must match)
+    OUT/search/<variant>/<point>/seed<s>/  config.json, metrics.jsonl, checkpoint.pt, curves.png
+    OUT/final/<variant>/seed<k>/
+    OUT/results.md, results.json, results.png   (rewritten after each variant, marked partial until the last)
+
+A rerun of the same command skips the runs whose folders hold them finished (without rewriting a file:
+:func:`~inferlearn.training.loop.finished_history`), resumes an interrupted one from its last checkpoint, and
+so produces the same table from the same metrics. A diverged run leaves ``diverged.json`` in its folder and is
+not retrained. The benchmark sits above the training loop: it only builds :class:`TrainConfig` s and reads
+run folders; the engine and the rules know nothing of it.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import write_json, write_text
+from ..data import load_dataset
+from ..errors import ConvergenceError, DivergenceError, RunFolderError
+from ..training.config import TrainConfig
+from ..training.loop import build, finished_history, train
+from ..training.run_folder import RunFolder
+from .protocols import Budget, Protocol, Variant, scaled_arch, scaled_epochs
+
+DIVERGED = "diverged.json"
+PLAN = "benchmark.json"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How one invocation runs a protocol (what the command line gives).
+
+    Attributes:
+        out: the benchmark's folder.
+        budget: the :class:`Budget` (width and epoch factors).
+        seeds: final runs per variant (seeds ``0 … seeds−1``).
+        device: ``cpu`` or ``cuda``.
+        data_dir, allow_unverified: where the data are read from (``TrainConfig``'s).
+        threads: PyTorch intra-op threads (recorded in each run's config).
+        compile: ``TrainConfig.compile``.
+    """
+
+    out: str
+    budget: Budget
+    seeds: int = 5
+    device: str = "cpu"
+    data_dir: str | None = None
+    allow_unverified: bool = False
+    threads: int = 1
+    compile: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.seeds, int) and self.seeds >= 1):
+            raise ValueError(f"Invalid --seeds {self.seeds}: give an integer ≥ 1 (final runs per variant)")
+        if not str(self.out).strip():
+            raise ValueError("Invalid --out '': give a folder, e.g. --out runs/benchmark")
+
+
+def point_name(point: dict) -> str:
+    """A search point's folder name: ``lr=0.001,rule.step_size=0.1`` (``default`` for the empty point)."""
+    return ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items()) or "default"
+
+
+def run_config(protocol: Protocol, variant: Variant, point: dict, seed: int, search: bool,
+               settings: Settings) -> TrainConfig:
+    """The TrainConfig of one run: the protocol's settings, the variant's, the budget, the point and the seed;
+    a search run holds out ``protocol.val_size`` images, a final run none.
+
+    Raises:
+        ValueError: the settings are invalid, naming the protocol and variant.
+    """
+    out = Path(settings.out) / ("search" if search else "final") / variant.name
+    out = out / point_name(point) / f"seed{seed}" if search else out / f"seed{seed}"
+    d = {"data": protocol.data, "arch": protocol.arch, **protocol.train, **variant.train}
+    d["arch"] = scaled_arch(d["arch"], settings.budget.width)
+    d["epochs"] = scaled_epochs(int(d.get("epochs", TrainConfig().epochs)), settings.budget.epochs)
+    options = dict(variant.options)
+    for key, value in point.items():
+        if key.startswith("rule."):
+            options[key[5:]] = value
+        else:
+            d[key] = value
+    d.update(rule=variant.rule, rule_options=options, seed=seed, val_size=protocol.val_size if search else 0,
+             out=str(out), device=settings.device, data_dir=settings.data_dir,
+             allow_unverified=settings.allow_unverified, threads=settings.threads, compile=settings.compile)
+    try:
+        return TrainConfig.from_dict(d)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"Protocol {protocol.name}, variant {variant.name}: {exc}") from None
+
+
+def search_points(variant: Variant) -> list[dict]:
+    """The points to search (none for a grid of one point: that point is the choice)."""
+    grid = variant.grid()
+    return grid if len(grid) > 1 else []
+
+
+def plan(protocol: Protocol, settings: Settings) -> list[dict]:
+    """Every run of the benchmark, without training: ``{"variant", "kind", "point", "seed", "config"}``; the final
+    runs' point is ``None`` until the search has chosen it (their config is shown at the grid's first point).
+    Builds every config, so an invalid protocol fails here, before anything trains."""
+    runs = []
+    for v in protocol.variants:
+        for point in search_points(v):
+            for s in range(protocol.search_seeds):
+                runs.append({"variant": v.name, "kind": "search", "point": point, "seed": s,
+                             "config": run_config(protocol, v, point, s, True, settings)})
+        fixed = v.grid()[0] if len(v.grid()) == 1 else None
+        for k in range(settings.seeds):
+            runs.append({"variant": v.name, "kind": "final", "point": fixed, "seed": k,
+                         "config": run_config(protocol, v, fixed or v.grid()[0], k, False, settings)})
+    return runs
+
+
+def format_plan(protocol: Protocol, settings: Settings, command: str) -> str:
+    """The plan as text (``--dry-run``): the header every output carries, then one line per run with its state."""
+    lines = header(protocol, settings, command, data_line=f"`{protocol.data}` (read when the benchmark runs)")
+    for run in plan(protocol, settings):
+        cfg = run["config"]
+        try:
+            state = "finished" if finished_history(cfg) is not None else (
+                "diverged" if (Path(cfg.out) / DIVERGED).exists() else
+                "interrupted: resumes" if (Path(cfg.out) / "config.json").exists() else "to run")
+        except RunFolderError as exc:
+            state = f"conflict: {exc}"
+        if run["point"] is None:   # the search chooses the point: show the variant's own settings
+            v = protocol.variant(run["variant"])
+            grid = "; ".join(f"{k} in {list(vals)}" for k, vals in v.search.items())
+            point, options = f"the search's choice ({grid})", dict(v.options)
+            lr = "searched" if "lr" in v.search else f"{cfg.resolved().lr:g}"
+        else:
+            point, options, lr = point_name(run["point"]), cfg.rule_options, f"{cfg.resolved().lr:g}"
+        lines.append(f"- {run['kind']:6s} {run['variant']}: {point}, seed {run['seed']}: {cfg.rule} "
+                     f"{options or ''} `{cfg.arch}` {cfg.epochs} epochs, {cfg.optimizer} lr {lr}, "
+                     f"batch {cfg.batch_size} -> {cfg.out} [{state}]")
+    return "\n".join(lines) + "\n"
+
+
+def header(protocol: Protocol, settings: Settings, command: str, data_line: str) -> list[str]:
+    """What every output of a benchmark says first: protocol, budget, data copy, device and the exact command."""
+    arch = scaled_arch(protocol.arch, settings.budget.width)
+    epochs = scaled_epochs(int(protocol.train.get("epochs", TrainConfig().epochs)), settings.budget.epochs)
+    return [f"# Benchmark `{protocol.name}`", "", protocol.summary, "",
+            f"- **Budget:** {settings.budget.label}: `--arch {arch}`, {epochs} epoch{'s' if epochs != 1 else ''}",
+            f"- **Data:** {data_line}",
+            f"- **Device:** {settings.device}",
+            f"- **Command:** `{command}`",
+            f"- **Search:** on the last {protocol.val_size} training images (a validation split), "
+            f"{protocol.search_seeds} seed(s) per point, choosing the highest validation accuracy of the "
+            f"{'last' if protocol.select == 'last' else 'best'} epoch; **final runs** on the full training split, "
+            f"seeds 0–{settings.seeds - 1}", ""]
+
+
+def data_line(data) -> str:
+    """Which copy of the data the runs read: its source and whether its checksums are the published ones."""
+    if data.meta.get("unverified_files"):
+        return (f"`{data.name}` from {data.source} — an UNVERIFIED copy (--allow-unverified; its checksums differ "
+                "from the published files: for colour CIFAR-10 the lossy JPEG-derived development copy). Numbers on "
+                "it are close to, not equal to, those on the published data set")
+    check = "checksums verified against the published files" if data.name != "digits" else "scikit-learn's copy"
+    return f"`{data.name}` from {data.source} ({check})"
+
+
+def probe(config: TrainConfig) -> str | None:
+    """``None`` when the rule runs one step on the model (two training images, on the CPU), else the rule's
+    one-line reason for refusing it."""
+    setup = build(config.replace(device="cpu", compile="off"))
+    try:
+        setup.rule.backward(setup.model, setup.train_x[:2], setup.train_y[:2])
+    except ValueError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def run_one(config: TrainConfig, progress: bool, log: Callable[[str], None] | None) -> dict:
+    """Train one run unless its folder holds it finished (or diverged): ``{"history", "trained"}`` or
+    ``{"diverged", "trained"}``. Resumes an interrupted run from its last checkpoint."""
+    out = Path(config.out)
+    history = finished_history(config)
+    if history is not None:
+        return {"history": history, "trained": False}
+    if (out / DIVERGED).exists() and (out / "config.json").exists():
+        return {"diverged": json.loads((out / DIVERGED).read_text())["error"], "trained": False}
+    try:
+        history = train(config, progress=progress, resume=(out / "config.json").exists(), log=None)
+    except (DivergenceError, ConvergenceError) as exc:   # the loss, the weights or PC's value nodes blew up
+        message = str(exc).split("; last good checkpoint")[0]
+        write_json({"error": message}, out / DIVERGED)
+        if log:
+            log(f"  diverged: {message}")
+        return {"diverged": message, "trained": True}
+    return {"history": history, "trained": True}
+
+
+def score(history: list[dict], select: str) -> float:
+    """The search score of one run: the validation accuracy of its last epoch, or the best one."""
+    values = [r["val_acc"] for r in history]
+    return values[-1] if select == "last" else max(values)
+
+
+def choose(points: list[dict], scores: list[float | None]) -> int | None:
+    """The index of the highest score (the first on ties); ``None`` when every point diverged."""
+    best = None
+    for i, s in enumerate(scores):
+        if s is not None and (best is None or s > scores[best]):
+            best = i
+    return best
+
+
+def run_benchmark(protocol: Protocol, settings: Settings, command: str, progress: bool = True,
+                  log: Callable[[str], None] | None = print) -> dict:
+    """Run (or continue) the whole benchmark and write ``results.md``, ``results.json`` and ``results.png``.
+
+    Returns:
+        the results (what ``results.json`` holds).
+
+    Raises:
+        ValueError: an invalid protocol or settings (before anything trains).
+        RunFolderError: ``settings.out`` holds another benchmark, another run, or a run with other settings.
+    """
+    runs = plan(protocol, settings)   # every config is valid before the first run trains
+    out = Path(settings.out)
+    with RunFolder(out) as top:   # locked while the benchmark runs
+        if top.holds_run():
+            raise RunFolderError(f"{out} holds a training run, not a benchmark; choose another --out")
+        _check_plan(out, protocol, settings)
+        write_json({"protocol": protocol.name, "budget": settings.budget.label, "width": settings.budget.width,
+                    "epochs": settings.budget.epochs, "command": command, "spec": protocol.to_dict()}, out / PLAN)
+        return _run(protocol, settings, command, runs, progress, log)
+
+
+def _check_plan(out: Path, protocol: Protocol, settings: Settings) -> None:
+    if not (out / PLAN).exists():
+        return
+    saved = json.loads((out / PLAN).read_text())
+    budget = settings.budget
+    if (saved.get("protocol"), saved.get("width"), saved.get("epochs")) != (protocol.name, budget.width, budget.epochs):
+        raise RunFolderError(f"{out} holds the benchmark {saved.get('protocol')} at budget {saved.get('budget')}; "
+                             f"rerun that command to continue it, or choose another --out for {protocol.name} at "
+                             f"{settings.budget.label}")
+
+
+def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict], progress: bool, log) -> dict:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(runs), desc=f"benchmark {protocol.name}", unit="run", disable=not progress)
+    say = (lambda m: tqdm.write(m)) if (log and progress) else log
+    rows = []
+    for v in protocol.variants:
+        mine = [r for r in runs if r["variant"] == v.name]
+        first = mine[0]["config"]
+        reason = probe(first)
+        row = {"variant": v.name, "label": v.label or v.name, "rule": v.rule, "options": dict(v.options),
+               "skipped": reason, "search": [], "chosen": None, "finals": []}
+        rows.append(row)
+        if reason is not None:
+            if say:
+                say(f"{v.name}: skipped ({reason})")
+            bar.update(len(mine))
+            continue
+        points = search_points(v)
+        scores = []
+        for point in points:
+            per_seed = []
+            for r in (r for r in mine if r["kind"] == "search" and r["point"] == point):
+                res = run_one(r["config"], progress, say)
+                per_seed.append(None if "diverged" in res else score(res["history"], protocol.select))
+                _note(say, r, res, f"val {per_seed[-1]:.4f}" if per_seed[-1] is not None else "diverged")
+                bar.update(1)
+            scores.append(None if any(s is None for s in per_seed) else statistics.fmean(per_seed))
+            row["search"].append({"point": point, "val_acc": per_seed, "score": scores[-1]})
+        best = choose(points, scores) if points else None
+        row["chosen"] = points[best] if best is not None else None if points else v.grid()[0]
+        if row["chosen"] is None:
+            row["skipped"] = "every search run diverged"
+            bar.update(settings.seeds)
+        for k in range(settings.seeds if row["chosen"] is not None else 0):
+            cfg = run_config(protocol, v, row["chosen"], k, False, settings)
+            res = run_one(cfg, progress, say)
+            final = {"seed": k, "folder": cfg.out}
+            if "diverged" in res:
+                final["diverged"] = res["diverged"]
+            else:
+                final.update(test_acc=res["history"][-1]["test_acc"],
+                             epoch_seconds=[h["epoch_seconds"] for h in res["history"]],
+                             data_verified=all(h.get("data_verified", True) for h in res["history"]))
+            row["finals"].append(final)
+            _note(say, {"kind": "final", "variant": v.name, "point": row["chosen"], "seed": k}, res,
+                  f"test {final['test_acc']:.4f}" if "test_acc" in final else "diverged")
+            bar.update(1)
+        if row["chosen"] is not None:
+            _summarise(row)
+        if len(rows) < len(protocol.variants):   # the variants so far, in case the benchmark stops here
+            _write(protocol, settings, command, rows)
+    bar.close()
+    return _write(protocol, settings, command, rows)
+
+
+def _write(protocol: Protocol, settings: Settings, command: str, rows: list[dict]) -> dict:
+    """Write ``results.json``, ``results.md`` and ``results.png`` for the variants in ``rows``."""
+    with warnings.catch_warnings():   # an unverified copy: the runs warned, and the data line says so
+        warnings.simplefilter("ignore")
+        data = load_dataset(protocol.data, settings.data_dir, allow_unverified=settings.allow_unverified)
+    results = _results(protocol, settings, command, rows, data_line(data))
+    results["complete"] = len(rows) == len(protocol.variants)
+    write_json(results, Path(settings.out) / "results.json")
+    write_text(format_results(protocol, settings, results), Path(settings.out) / "results.md")
+    _plot(results, Path(settings.out) / "results.png")
+    return results
+
+
+def _note(say, run: dict, res: dict, what: str) -> None:
+    if say:
+        done = "trained" if res["trained"] else "finished earlier, skipped"
+        say(f"{run['kind']} {run['variant']} {point_name(run['point'])} seed {run['seed']}: {what} ({done})")
+
+
+def _summarise(row: dict) -> None:
+    ok = [f for f in row["finals"] if "test_acc" in f]
+    accs = np.array([f["test_acc"] for f in ok], dtype=float)
+    row["n_seeds"], row["n_diverged"] = len(ok), len(row["finals"]) - len(ok)
+    row["test_acc_mean"] = float(np.mean(accs)) if len(ok) else None
+    row["test_acc_std"] = float(np.std(accs, ddof=0)) if len(ok) else None
+    times = [t for f in ok for t in f["epoch_seconds"]]
+    row["epoch_seconds"] = float(statistics.median(times)) if times else None
+
+
+def _results(protocol: Protocol, settings: Settings, command: str, rows: list[dict], data: str) -> dict:
+    base = next((r for r in rows if r["variant"] == protocol.baseline), None)
+    ref_time = base.get("epoch_seconds") if base else None
+    for r in rows:
+        t = r.get("epoch_seconds")
+        r["time_ratio"] = t / ref_time if t is not None and ref_time else None
+        ref = protocol.reference(r["variant"])
+        r["reference"] = None if ref is None else {"test_acc": ref.test_acc, "note": ref.note}
+    return {"protocol": protocol.name, "summary": protocol.summary, "budget": settings.budget.label,
+            "budget_width": settings.budget.width, "budget_epochs": settings.budget.epochs, "data": data,
+            "device": settings.device, "command": command, "select": protocol.select, "seeds": settings.seeds,
+            "val_size": protocol.val_size, "search_seeds": protocol.search_seeds, "baseline": protocol.baseline,
+            "reference_source": protocol.source, "notes": protocol.notes, "variants": rows}
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}"
+
+
+def format_results(protocol: Protocol, settings: Settings, results: dict) -> str:
+    """The results as Markdown: the header (budget, data copy, command), the table, then the notes."""
+    lines = header(protocol, settings, results["command"], results["data"])
+    if not results.get("complete", True):
+        lines += [f"**Partial:** {len(results['variants'])} of {len(protocol.variants)} variants so far; rerun the "
+                  "command to continue.", ""]
+    lines += ["| variant | rule, options | chosen | search val acc % | test acc % (mean ± std, seeds) | "
+              "epoch time (median) | time / BP | published |", "|---|---|---|---|---|---|---|---|"]
+    for r in results["variants"]:
+        opts = r["rule"] + (" " + ", ".join(f"{k}={v}" for k, v in r["options"].items()) if r["options"] else "")
+        ref = "—" if r["reference"] is None else f"{r['reference']['test_acc']:.2f}"
+        if r["skipped"] and not r["finals"]:
+            lines.append(f"| {r['label']} | {opts} | skipped | — | — | — | — | {ref} |")
+            continue
+        chosen = point_name(r["chosen"]) if r["search"] else f"{point_name(r['chosen'])} (not searched)"
+        best = max((s["score"] for s in r["search"] if s["score"] is not None), default=None)
+        acc = "all diverged" if r["test_acc_mean"] is None else (
+            f"{_pct(r['test_acc_mean'])} ± {_pct(r['test_acc_std'])} ({r['n_seeds']}"
+            + (f", {r['n_diverged']} diverged" if r["n_diverged"] else "") + ")")
+        t = "—" if r["epoch_seconds"] is None else f"{r['epoch_seconds']:.3g} s"
+        ratio = "—" if r["time_ratio"] is None else f"{r['time_ratio']:.2f}×"
+        lines.append(f"| {r['label']} | {opts} | {chosen} | {_pct(best)} | {acc} | {t} | {ratio} | {ref} |")
+    lines += ["", "Test accuracy: the last epoch of each final run; ± is numpy's standard deviation over the seeds "
+              "(ddof = 0). Epoch time: the median over every epoch of the final runs (with --compile, first epochs "
+              f"include compiling); its ratio to `{protocol.baseline}`'s in this benchmark (runs resumed on another "
+              "machine mix timings). Search scores per point: `results.json`; every run's metrics: its folder under "
+              "`search/` or `final/`.", ""]
+    skipped = [r for r in results["variants"] if r["skipped"]]
+    if skipped:
+        lines += ["Skipped:", ""] + [f"- {r['label']}: {r['skipped']}" for r in skipped] + [""]
+    if results["reference_source"]:
+        lines += [f"Published numbers: {results['reference_source']}. "
+                  "They were measured at PCX's own settings and budget; compare at the full budget only.", ""]
+    if results["notes"]:
+        lines += [f"Notes: {results['notes']}", ""]
+    return "\n".join(lines)
+
+
+def _plot(results: dict, path: Path) -> None:
+    """Test accuracy per variant with the seeds' std as error bars, PCX's numbers as markers."""
+    from ..plots import plot_benchmark
+
+    plot_benchmark(results, path)
