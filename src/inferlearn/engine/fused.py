@@ -158,7 +158,7 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
         if s1 is None:
             return grads, out, hidden, steps, 0.0, 0.0, [], residual_floor_of(0.0, x.dtype)
         stats = torch.cat([s1, sT]).tolist()   # the one synchronisation of the batch
-        first, last = stats[:4 * n], stats[4 * n:]
+        first, last = stats[:len(s1)], stats[len(s1):]
         layers = [(big, g / eta, e) for big, g, e in zip(last[:n], last[n:2 * n], last[2 * n:3 * n])]
         return (grads, out, hidden, steps, max(last[:n]), max(first[:n]), layers,
                 residual_floor_of(max(last[3 * n:]), x.dtype))
@@ -166,7 +166,7 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     Wts = [W.t() for W in Ws]
     it, move, first, layers, floor = 0, math.inf, None, None, None
     for it in range(1, steps + 1):
-        check = it == 1 or it == steps or (tol is not None and it % 5 == 0)
+        check = 2 if it == steps else int(it == 1 or (tol is not None and it % 5 == 0))
         hidden, m = PC_STEP(hidden, x, target, mu1, m1, Ws, Wts, bs, lin, bounds, eta, precision, check, output)
         if check:
             stats = m.tolist() if m is not None else []   # one synchronisation per checked step
@@ -230,17 +230,18 @@ def _pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin
     first = last = None
     for it in range(1, steps + 1):
         hidden, m = _pc_step(hidden, x, target, mu1, m1, Ws, Wts, bs, lin, bounds, eta, precision,
-                             it == 1 or it == steps, output)
+                             2 if it == steps else int(it == 1), output)
         first = m if it == 1 else first
         last = m if it == steps else last
     return _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output), out, hidden, first, last
 
 
 def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,
-             bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: bool, output: str = "se"):
-    """One simultaneous step of predictive coding on a dense chain (returns new hidden layers, and when ``check``
-    a ``4(L−1)`` tensor: ``max|Δz_k|``, ``‖Δz_k‖``, ``‖ε_k‖`` and ``max|z_k|`` (after the step) for each hidden
-    layer in turn, ``Δz_k = −η ∂F/∂z_k`` the step and ``ε_k`` the prediction error at the step's start).
+             bs: list, lin: tuple, bounds: tuple, eta: float, precision: float, check: int, output: str = "se"):
+    """One simultaneous step of predictive coding on a dense chain (returns new hidden layers and, by ``check``:
+    0 nothing, 1 the ``L−1`` step sizes ``max|Δz_k|``, 2 a ``4(L−1)`` tensor: ``max|Δz_k|``, ``‖Δz_k‖``, ``‖ε_k‖``
+    and ``max|z_k|`` (after the step) for each hidden layer in turn; ``Δz_k = −η ∂F/∂z_k`` is the step and ``ε_k``
+    the prediction error at the step's start).
     ``mu1 = f(a_1)`` and ``m1 = f'(a_1)`` are fixed (the input is), ``Wts[k] = W_kᵀ``; ``output="ce"``: the output
     error is ``y − softmax(a_L)``."""
     L = len(Ws)
@@ -248,7 +249,7 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
     eps, d = [None] * (L + 1), [None] * (L + 1)
     for k in range(1, L + 1):
         if k == 1:
-            if not check:   # layer 1's error is never sent down (the input is fixed): z_1 − ηε_1 is a lerp
+            if check < 2:   # layer 1's error is never sent down (the input is fixed): z_1 − ηε_1 is a lerp
                 continue
             mu, m = mu1, m1
         else:
@@ -272,6 +273,8 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
         return new, None
     # element-wise only (the step is −η ∂F/∂z_k), one fused reduction per quantity over all layers
     step = torch._foreach_sub(new, z[1:L])
+    if check == 1:
+        return new, torch.stack(max_abs(step))
     return new, torch.stack([*max_abs(step), *torch._foreach_norm(step),
                              *torch._foreach_norm(eps[1:L]), *max_abs(new)])
 
