@@ -22,7 +22,7 @@ Usage::
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_revision.py --repeats 7
 
-Writes ``benchmarks/results/revision.md``.
+Writes ``benchmarks/results/revision_<BASE>.md`` (``--out`` names another file under ``benchmarks/results/``).
 """
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=60, help="timed mini-batches per run (MLP; conv: a third)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--rules", default=",".join(RULES), help="comma-separated rules (default: %(default)s)")
+    p.add_argument("--out", default=None, help="results file name under benchmarks/results/ (default revision_<BASE>.md)")
     args = p.parse_args()
     rules = tuple(r for r in args.rules.split(",") if r)
     torch.set_num_threads(1)
@@ -146,7 +147,7 @@ def main() -> None:
 Command:
 
 ```
-OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_revision.py --base {args.base} --repeats {args.repeats} --rules {','.join(rules)}
+OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_revision.py --base {args.base} --repeats {args.repeats} --rules {','.join(rules)}{f' --out {args.out}' if args.out else ''}
 ```
 
 This tree: `{rev}` (plus uncommitted changes, if any). MNIST, batch 50, SGD at each rule's recommended rate, default rule options except
@@ -159,7 +160,7 @@ process (`time.process_time`), median over {args.repeats} repeats, the two trees
 |---|---|---|---|---|---|
 """ + "\n".join(rows) + "\n"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "revision.md").write_text(text)
+    (RESULTS / (args.out or f"revision_{args.base}.md")).write_text(text)
     print(text)
     shutil.rmtree(tmp, ignore_errors=True)
 
