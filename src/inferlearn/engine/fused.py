@@ -141,9 +141,10 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     stopping early reads the step size on the host.
 
     Returns:
-        ``(grads, output, hidden, steps_done, last_move, first_move, layers, floor)`` (``layers`` and ``floor``,
-        the :func:`~inferlearn.engine.solvers.residual_floor` of the value nodes, ``None`` when ``tol`` stopped
-        the steps early).
+        ``(grads, output, hidden, steps_done, last_move, first_move, layers, floor, summary)`` (``layers`` and
+        ``floor``, the :func:`~inferlearn.engine.solvers.residual_floor` of the value nodes, ``None`` when ``tol``
+        stopped the steps early; ``summary``: ``(loss, total)`` of the whole-batch call, see
+        :func:`_pc_inference`, ``None`` with ``tol``).
     """
     Ws = [l.linear.weight for l in chain.links]
     bs = [l.linear.bias for l in chain.links]
@@ -154,14 +155,16 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
     bounds = tuple(u.clamp_bounds(x) for u in units)
     n = L - 1
     if tol is None and steps > 0:   # fixed steps: the whole inference in one (possibly compiled) call
-        grads, out, hidden, s1, sT = PC_INFERENCE(x, target, Ws, bs, lin, bounds, steps, eta, precision, output)
+        grads, out, hidden, s1, sT, summary = PC_INFERENCE(x, target, Ws, bs, lin, bounds, steps, eta, precision,
+                                                           output)
         if s1 is None:
-            return grads, out, hidden, steps, 0.0, 0.0, [], residual_floor_of(0.0, x.dtype)
-        stats = torch.cat([s1, sT]).tolist()   # the one synchronisation of the batch
-        first, last = stats[:len(s1)], stats[len(s1):]
+            loss, total = summary.tolist()
+            return grads, out, hidden, steps, 0.0, 0.0, [], residual_floor_of(0.0, x.dtype), (loss, total)
+        stats = torch.cat([s1, sT, summary]).tolist()   # the one synchronisation of the batch
+        first, last, (loss, total) = stats[:len(s1)], stats[len(s1):-2], stats[-2:]
         layers = [(big, g / eta, e) for big, g, e in zip(last[:n], last[n:2 * n], last[2 * n:3 * n])]
         return (grads, out, hidden, steps, max(last[:n]), max(first[:n]), layers,
-                residual_floor_of(max(last[3 * n:]), x.dtype))
+                residual_floor_of(max(last[3 * n:]), x.dtype), (loss, total))
     a1, mu1, m1, hidden, out = _pc_forward(x, Ws, bs, lin, bounds)
     Wts = [W.t() for W in Ws]
     it, move, first, layers, floor = 0, math.inf, None, None, None
@@ -178,7 +181,7 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
             if tol is not None and move <= tol:
                 break
     grads = _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output)
-    return grads, out, hidden, it, move, first, layers, floor
+    return grads, out, hidden, it, move, first, layers, floor, None
 
 
 def _pc_forward(x: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple):
@@ -223,8 +226,10 @@ def _pc_grads(x: torch.Tensor, hidden: list, target: torch.Tensor, a1: torch.Ten
 def _pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple,
                   steps: int, eta: float, precision: float, output: str = "se"):
     """A whole batch of predictive coding as one pure function (forward pass, ``steps`` simultaneous steps,
-    envelope gradient), so that one compiled call runs it: ``(grads, output, hidden, stats_1, stats_T)``, the
-    statistics of the first and the last step as :func:`_pc_step` returns them (read after the call)."""
+    envelope gradient), so that one compiled call runs it: ``(grads, output, hidden, stats_1, stats_T, summary)``,
+    the statistics of the first and the last step as :func:`_pc_step` returns them and ``summary`` =
+    ``(quadratic loss of the output against the target, Σ of every value node and gradient entry)`` (a finite
+    total proves them all finite), all read after the call in one synchronisation."""
     a1, mu1, m1, hidden, out = _pc_forward(x, Ws, bs, lin, bounds)
     Wts = [W.t() for W in Ws]
     first = last = None
@@ -233,7 +238,9 @@ def _pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin
                              2 if it == steps else int(it == 1), output)
         first = m if it == 1 else first
         last = m if it == steps else last
-    return _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output), out, hidden, first, last
+    grads = _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output)
+    total = torch.stack([t.sum() for t in hidden] + [t.sum() for pair in grads for t in pair]).sum()
+    return grads, out, hidden, first, last, torch.stack([quadratic_loss(out, target), total])
 
 
 def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Tensor, m1, Ws: list, Wts: list,

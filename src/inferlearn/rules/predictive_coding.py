@@ -29,6 +29,8 @@ References:
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -210,7 +212,7 @@ class PredictiveCoding(Rule):
                  free: LayeredProblem | None = None) -> StepInfo:
         B, L, pi = x.shape[0], chain.depth, self.output_weight
         if fused:
-            grads, output, hidden, it, move, first, layers, floor = dense_predictive_coding(
+            grads, output, hidden, it, move, first, layers, floor, summary = dense_predictive_coding(
                 chain, x.reshape(B, -1), target, self.steps, self.step_size, pi, self.tol, self.output)
             # the same verdict (and warnings) as the generic solver's
             floor = residual_floor(hidden) if floor is None else floor
@@ -223,11 +225,14 @@ class PredictiveCoding(Rule):
             hidden, info = self._solver.solve(problem)
             it = info.iterations
             problem.accumulate_weight_grads(hidden, 1.0 / (B * pi), precise=False)
-        check_inference_finite(self.name, chain, hidden, it, self.step_size)
+            summary = None
+        if summary is None or not math.isfinite(summary[1]):   # the whole-batch call summed its value nodes and gradients
+            check_inference_finite(self.name, chain, hidden, it, self.step_size)
         extras = {"inference_steps": it, "hidden": [h.detach() for h in hidden]}
         if info is not None:
             extras.update(solver_residual=info.residual, converged=info.converged, far=info.far)
-        return StepInfo(loss=float(quadratic_loss(output, target)), output=output.detach(), extras=extras)
+        loss = summary[0] if summary is not None else float(quadratic_loss(output, target))
+        return StepInfo(loss=loss, output=output.detach(), extras=extras)
 
     def _nudged(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         """Nudged predictive coding: the output a free value node, the nudged phases stacked into one solve."""
