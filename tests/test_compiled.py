@@ -87,6 +87,13 @@ def test_compile_failure_falls_back_with_one_warning(monkeypatch):
 def test_modes_and_devices():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert C.torch_mode("auto", cpu) is None and C.torch_mode("auto", cuda) == "reduce-overhead"
+    # auto on CPU: only a whole-batch graph, only for a long run
+    assert C.torch_mode("auto", cpu, whole_batch=True) is None
+    with C.planned_batches(C.AUTO_CPU_MIN_BATCHES):
+        assert C.torch_mode("auto", cpu, whole_batch=True) == "default" and C.torch_mode("auto", cpu) is None
+        assert C.torch_mode("off", cpu, whole_batch=True) is None
+    with C.planned_batches(C.AUTO_CPU_MIN_BATCHES - 1):
+        assert C.torch_mode("auto", cpu, whole_batch=True) is None
     assert C.torch_mode("on", cpu) == "default" and C.torch_mode("on", cuda) == "reduce-overhead"
     assert C.torch_mode("no-cudagraphs", cuda) == "default" and C.torch_mode("off", cuda) is None
     with pytest.raises(ValueError, match="Invalid compile mode"):
@@ -111,3 +118,26 @@ def test_train_records_compile_option(tmp_path, monkeypatch, capsys):
     assert json.loads((out / "config.json").read_text())["compile"] == "on"
     row = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert row["compile_seconds"] == 0.0
+
+
+@pytest.mark.parametrize("threshold,expect", [(1, True), (10 ** 9, False)])
+def test_auto_compiles_the_whole_batch_pc_graph_on_cpu_only_for_long_runs(tmp_path, monkeypatch, threshold, expect):
+    """``auto`` on CPU: the training loop declares its planned mini-batches and only predictive coding's
+    whole-batch graph is compiled, only above the threshold (torch.compile stubbed by the identity: the
+    decision, not the compiler, is under test)."""
+    from inferlearn.training.loop import train
+
+    names = []
+
+    def stub(fn, **kwargs):
+        names.append(fn.__name__)
+        return fn
+
+    C.reset_compile_state(graphs=True)
+    monkeypatch.setattr(torch, "compile", stub)
+    monkeypatch.setattr(C, "AUTO_CPU_MIN_BATCHES", threshold)
+    cfg = TrainConfig(data="digits", arch="64-16-10", rule="pc", epochs=1, batch_size=50, limit_train=120,
+                      compile="auto", out=str(tmp_path / "run"))
+    train(cfg, progress=False, log=None)
+    assert names == (["_pc_inference"] if expect else [])
+    C.reset_compile_state(graphs=True)

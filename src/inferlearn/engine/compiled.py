@@ -17,9 +17,11 @@ Switch it on process-wide with :func:`set_compile` (``TrainConfig.compile`` / ``
     with compiling("on"):
         rule.backward(model, x, labels)
 
-Modes (:data:`MODES`): ``"auto"`` (on for CUDA tensors, off on CPU: on CPU compiling takes seconds
-and gains little, ``benchmarks/results/compile.md``), ``"on"`` (CUDA graphs on CUDA, inductor's C++
-kernels on CPU), ``"no-cudagraphs"`` (compiled, without CUDA graphs) and ``"off"`` (eager).
+Modes (:data:`MODES`): ``"auto"`` (on for CUDA tensors; on CPU, where one compiled step is slower than
+eager and compiling takes seconds, only the whole-batch graphs, predictive coding's, and only for a run
+of at least :data:`AUTO_CPU_MIN_BATCHES` mini-batches: the rule the measurements in
+``benchmarks/results/compile.md`` give), ``"on"`` (CUDA graphs on CUDA, inductor's C++ kernels on CPU),
+``"no-cudagraphs"`` (compiled, without CUDA graphs) and ``"off"`` (eager).
 
 If compilation is unavailable or fails (no C++ compiler, an unsupported PyTorch build, an error in
 a backend), the step runs eagerly and one :class:`CompileWarning` is issued for the whole process;
@@ -41,6 +43,11 @@ import torch
 
 MODES = ("auto", "off", "on", "no-cudagraphs")
 MAX_SHAPES = 16     # compiled graphs per step function; further shapes run eagerly
+#: ``auto`` compiles a whole-batch graph on CPU only for a run of at least this many mini-batches: compiling
+#: predictive coding's graph takes 10-25 s cold (a few seconds from inductor's on-disk cache) and saves about
+#: 0.5-2 ms a batch on the MNIST MLP (compiled / eager 0.57 at batch 50, 0.74 at 256;
+#: ``benchmarks/results/compile.md``), so shorter runs would spend more compiling than they save
+AUTO_CPU_MIN_BATCHES = 10_000
 
 
 class CompileWarning(RuntimeWarning):
@@ -49,7 +56,7 @@ class CompileWarning(RuntimeWarning):
 
 _state = threading.local()
 _steps: "weakref.WeakSet[CompiledStep]" = weakref.WeakSet()   # every step, so tests can drop their graphs
-_global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0}
+_global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0, "planned": 0}
 
 
 def check_compile_mode(mode: str) -> str:
@@ -84,9 +91,23 @@ def compiling(mode: str = "on"):
         _state.mode = old
 
 
-def torch_mode(mode: str, device: torch.device) -> str | None:
-    """The ``torch.compile`` mode for ``mode`` on ``device`` (``None``: eager)."""
-    if mode == "off" or (mode == "auto" and device.type != "cuda"):
+@contextlib.contextmanager
+def planned_batches(n: int):
+    """Declare that the enclosed block trains ``n`` mini-batches (the training loop does), for ``auto``'s choice."""
+    old = _global["planned"]
+    _global["planned"] = int(n)
+    try:
+        yield
+    finally:
+        _global["planned"] = old
+
+
+def torch_mode(mode: str, device: torch.device, whole_batch: bool = False) -> str | None:
+    """The ``torch.compile`` mode for ``mode`` on ``device`` (``None``: eager). ``auto`` on CPU compiles only
+    ``whole_batch`` graphs, and only inside :func:`planned_batches` of at least :data:`AUTO_CPU_MIN_BATCHES`."""
+    if mode == "auto" and device.type != "cuda":
+        return "default" if whole_batch and _global["planned"] >= AUTO_CPU_MIN_BATCHES else None
+    if mode == "off":
         return None
     if device.type == "cuda" and mode in ("on", "auto"):
         return "reduce-overhead"          # CUDA graphs
@@ -172,21 +193,21 @@ class CompiledStep:
     batch, such as step sizes computed from the weights, must be passed as tensors.
     """
 
-    def __init__(self, fn: Callable, name: str | None = None):
-        self.fn, self.name = fn, name or fn.__name__
+    def __init__(self, fn: Callable, name: str | None = None, whole_batch: bool = False):
+        self.fn, self.name, self.whole_batch = fn, name or fn.__name__, whole_batch
         self._graphs: dict = {}
         _steps.add(self)
         self.__doc__ = fn.__doc__
 
     def active(self, device: torch.device) -> bool:
         """Whether a call with tensors on ``device`` would run compiled."""
-        return not _global["failed"] and torch_mode(compile_mode(), device) is not None
+        return not _global["failed"] and torch_mode(compile_mode(), device, self.whole_batch) is not None
 
     def __call__(self, *args):
         if _global["failed"]:
             return self.fn(*args)
         device = _first_device(args)
-        tmode = torch_mode(compile_mode(), device)
+        tmode = torch_mode(compile_mode(), device, self.whole_batch)
         if tmode is None:
             return self.fn(*args)
         key = (tmode, _key(args))
@@ -222,5 +243,5 @@ def compiled_step(fn: Callable) -> CompiledStep:
 
 
 __all__ = ["MODES", "MAX_SHAPES", "CompileWarning", "CompiledStep", "compiled_step", "check_compile_mode", "set_compile",
-           "compile_mode", "compiling", "torch_mode", "compile_seconds", "compiled_graphs", "compile_failed",
+           "compile_mode", "compiling", "planned_batches", "torch_mode", "compile_seconds", "compiled_graphs", "compile_failed",
            "reset_compile_state"]

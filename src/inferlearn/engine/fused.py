@@ -287,4 +287,4 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
 
 
 PC_STEP = CompiledStep(_pc_step, "the predictive-coding step")
-PC_INFERENCE = CompiledStep(_pc_inference, "the predictive-coding inference of a batch")
+PC_INFERENCE = CompiledStep(_pc_inference, "the predictive-coding inference of a batch", whole_batch=True)

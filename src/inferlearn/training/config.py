@@ -78,7 +78,8 @@ class TrainConfig:
             on the test split.
         checkpoint_every: write a checkpoint every N epochs (and always after the last).
         compile: compile each rule's inference step with ``torch.compile`` (:mod:`inferlearn.engine.compiled`):
-            ``auto`` (default: on for CUDA, off on CPU, where compiling costs seconds and gains little),
+            ``auto`` (default: on for CUDA; on CPU only predictive coding's whole-batch graph, for runs of at
+            least 10,000 mini-batches, as compiling costs seconds and single steps gain nothing),
             ``on`` (CUDA graphs on CUDA), ``no-cudagraphs`` or ``off``. A speed setting, not one of the maths:
             a resumed run may change it.
         divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first

@@ -39,7 +39,7 @@ from ..data import Dataset, load_dataset
 from ..data.transforms import CropFlip, channel_stats, standardize
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
-from ..engine.compiled import compile_seconds, compiling
+from ..engine.compiled import compile_seconds, compiling, planned_batches
 from ..errors import DivergenceError, InferlearnError, RunFolderError
 from ..losses import quadratic_loss, one_hot
 from ..models import all_finite, build_model
@@ -356,9 +356,10 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
     if main:
         folder.start(config.to_dict(), history)
     board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard and main else None
+    planned = (config.epochs - start) * (s.train_x.shape[0] // config.batch_size)   # full batches still to train
     for epoch in range(start + 1, config.epochs + 1):
         t0, c0 = time.perf_counter(), compile_seconds()
-        with compiling(config.compile):
+        with compiling(config.compile), planned_batches(planned):
             batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
         seconds = time.perf_counter() - t0
         record = epoch_metrics(s, epoch, batch_loss, seconds)
