@@ -21,7 +21,8 @@ Usage::
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_graph.py --repeats 5
 
-Writes ``benchmarks/results/graph_resnet20.md``.
+Writes ``benchmarks/results/graph_<arch>.md`` (e.g. ``graph_resnet20.md``; ``--arch vgg5:width=0.5`` →
+``graph_vgg5_width_0_5.md``).
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def main() -> None:
 Command:
 
 ```
-OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_graph.py --repeats {args.repeats}
+OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_graph.py --arch {args.arch} --repeats {args.repeats}
 ```
 
 Model: the zoo's `{args.arch}` ({params:,} parameters; read as a graph of {graph.depth} nodes with
@@ -124,7 +125,8 @@ means no overhead beyond the passes the method needs.
 |---|---|---|---|
 """ + "\n".join(rows) + "\n"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "graph_resnet20.md").write_text(text)
+    name = "".join(c if c.isalnum() else "_" for c in args.arch).strip("_")
+    (RESULTS / f"graph_{name}.md").write_text(text)
     print(text)
 
 

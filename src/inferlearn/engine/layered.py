@@ -326,7 +326,11 @@ class LayeredProblem(BatchProblem):
         e = self.energy
         pre = self.pre_of(hidden, torch.is_grad_enabled() if fresh_a1 is None else fresh_a1)
         zs = self.full(hidden, pre)
-        v = sum(e.term_weights[k] * e.term(k, zs[k], pre[k]) for k in range(1, self.depth + 1))
+        terms = [e.term(k, zs[k], pre[k]) for k in range(1, self.depth + 1)]
+        capture = getattr(self, "_capture_terms", None)
+        if capture is not None:   # gradient_step asked for the hidden terms' sums (the prediction errors' norms)
+            capture.extend(t.detach().sum() for t in terms[:-1])
+        v = sum(w * t for w, t in zip(e.term_weights[1:], terms))
         if self._free_res is not None:
             g = self.nudge * (1.0 if self.n_clamped == 0 else self._row_mask(~self.clamped, self.nudge))
             v = v + self.beta * (g * zs[-1]).flatten(1).sum(1)
@@ -390,16 +394,25 @@ class LayeredProblem(BatchProblem):
 
         In closed form ``z_k − η w_k ε_k + η w_{k+1} A_{k+1}ᵀ r_{k+1}``, updating the tensors of ``hidden``
         in place (every term is computed from the old point before the first update); otherwise new
-        tensors through :meth:`gradients`. Returns the updated list. With the penalty energy in closed form,
-        a list passed as ``errors`` receives the prediction errors ``ε_k`` at the old point (computed anyway;
-        it stays empty otherwise).
+        tensors through :meth:`gradients`. Returns the updated list. With the penalty energy, a list passed as
+        ``errors`` receives the norms ``‖ε_k‖`` of the prediction errors at the old point (0-d tensors, from what
+        the step computes anyway: the closed form's ``ε_k``, or autograd's terms ``½‖ε_k‖²``; it stays empty
+        where the step does not compute them).
         """
         e = self.energy
+        want = errors is not None and e.kind == "penalty"
         if not self._closed_form():
-            return [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, self.gradients(hidden)), start=1)]
+            self._capture_terms = [] if want else None
+            try:
+                grads = self.gradients(hidden)
+                if want and len(self._capture_terms) == len(hidden):
+                    errors.extend((2.0 * t).clamp(min=0).sqrt() for t in self._capture_terms)
+            finally:
+                self._capture_terms = None
+            return [e.project(k, z - eta * g) for k, (z, g) in enumerate(zip(hidden, grads), start=1)]
         parts = list(self._closed_form_parts(hidden))
-        if errors is not None and e.kind == "penalty":
-            errors.extend(own for _, _, own, _ in parts)
+        if want:
+            errors.extend(torch._foreach_norm([own for _, _, own, _ in parts]))
         for k, z, own, downs in parts:
             z.add_(own, alpha=-eta * e.term_weights[k])
             for c, down, adj in downs:

@@ -817,8 +817,8 @@ class GradientSteps(Solver):
             old = [z.clone() for z in hidden] if check else None
             errors = [] if last else None
             hidden = problem.gradient_step(hidden, eta, errors)
-            if last and not errors:   # not handed back by the closed-form step: one forward pass at the old point
-                errors = layer_errors(problem, old)
+            if last and not errors:   # not handed back by the step: one forward pass at the old point
+                errors = torch._foreach_norm(layer_errors(problem, old))
             if check:   # one fused reduction per quantity over all layers, one synchronisation
                 steps = torch._foreach_sub(hidden, old)
                 big = max_abs(steps)
@@ -826,7 +826,7 @@ class GradientSteps(Solver):
                     move = float(torch.stack(big).max())
                 else:
                     n = len(steps)
-                    stats = torch.stack([*big, *torch._foreach_norm(steps), *torch._foreach_norm(errors),
+                    stats = torch.stack([*big, *torch._foreach_norm(steps), *errors,
                                          *max_abs(hidden)]).tolist()
                     move = max(stats[:n])
                     ratios = [(b, g / eta, e) for b, g, e in zip(stats[:n], stats[n:2 * n], stats[2 * n:3 * n])]
