@@ -112,7 +112,8 @@ class PredictiveCoding(Rule):
         engine: ``auto`` (fused for dense chains with the plain steps and the clamp), ``fused`` or ``generic``.
 
     Convergence: every batch checks the first and the last step
-    (:class:`~inferlearn.engine.solvers.GradientSteps`, about 1 % of a batch). At the defaults inference is
+    (:class:`~inferlearn.engine.solvers.GradientSteps`; their cost is within the measurement noise,
+    ``benchmarks/results/revision_checks.md``). At the defaults inference is
     not at equilibrium by design (the gradient is 42-52 % from the equilibrium's on the MNIST MLP, and with ReLU
     units more steps do not settle it), so ``extras["converged"]`` is usually False and nothing warns; one
     :class:`~inferlearn.errors.ConvergenceWarning` per run says when inference is *far* from equilibrium: more
