@@ -346,8 +346,8 @@ def _mlp_variants() -> tuple:
 
 _MLP_NOTES = ("Our settings, not PCX's: ReLU units (every rule here accepts them; PCX tuned the activation per method), "
               "Adam on the weights (iPC: plain SGD at its weight step, which is iPC), inferlearn's PC defaults (T = 20). "
-              "PCX's weight decay, schedules and augmentation need TrainConfig fields this version lacks; give them in "
-              "`train` once they exist.")
+              "No weight decay, schedule or augmentation (TrainConfig's weight_decay, lr_schedule and augment set them "
+              "in a protocol's `train`).")
 
 
 def _mlp(name: str, data: str, summary: str) -> Protocol:
