@@ -39,7 +39,7 @@ from torch import nn
 from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
 from ..engine.layered import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
-from ..engine.phases import check_beta, check_nudging, nudged_phases
+from ..engine.phases import NUDGINGS, check_beta, nudged_phases
 from ..engine.solvers import GradientSteps, OptimizerSteps, residual_floor
 from ..errors import ConvergenceError
 from ..losses import one_hot, quadratic_loss
@@ -156,8 +156,8 @@ class PredictiveCoding(Rule):
                 raise ValueError("Invalid weight_step: incremental PC runs plain inference steps on a clamped output "
                                  "on the generic engine, exactly `steps` of them (inference_optimizer='sgd', "
                                  "nudging='clamp', engine='auto', tol=None)")
-        if self.nudging != "clamp":
-            check_nudging(self.nudging)
+        if self.nudging != "clamp" and self.nudging not in NUDGINGS:
+            raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {['clamp', *NUDGINGS]}")
             check_beta(self.beta)
             if self.engine == "fused":
                 raise ValueError(f"Invalid engine: 'fused' (nudging={self.nudging!r} runs on the generic engine; use "
