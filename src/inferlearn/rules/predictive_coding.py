@@ -156,8 +156,9 @@ class PredictiveCoding(Rule):
                 raise ValueError("Invalid weight_step: incremental PC runs plain inference steps on a clamped output "
                                  "on the generic engine, exactly `steps` of them (inference_optimizer='sgd', "
                                  "nudging='clamp', engine='auto', tol=None)")
-        if self.nudging != "clamp" and self.nudging not in NUDGINGS:
-            raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {['clamp', *NUDGINGS]}")
+        if self.nudging != "clamp":
+            if self.nudging not in NUDGINGS:
+                raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {['clamp', *NUDGINGS]}")
             check_beta(self.beta)
             if self.engine == "fused":
                 raise ValueError(f"Invalid engine: 'fused' (nudging={self.nudging!r} runs on the generic engine; use "
