@@ -23,7 +23,7 @@ from ..losses import check_labels, one_hot, quadratic_loss
 from ..units import UnitSet
 from .chain import Chain
 from .compiled import CompiledStep
-from .solvers import max_abs, residual_floor_of
+from .solvers import last_step_stats, max_abs, residual_floor_of
 
 LocalBackward = Callable[[UnitSet, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -162,9 +162,8 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
             return grads, out, hidden, steps, 0.0, 0.0, [], residual_floor_of(0.0, x.dtype), (loss, total)
         stats = torch.cat([s1, sT, summary]).tolist()   # the one synchronisation of the batch
         first, last, (loss, total) = stats[:len(s1)], stats[len(s1):-2], stats[-2:]
-        layers = [(big, g / eta, e) for big, g, e in zip(last[:n], last[n:2 * n], last[2 * n:3 * n])]
-        return (grads, out, hidden, steps, max(last[:n]), max(first[:n]), layers,
-                residual_floor_of(max(last[3 * n:]), x.dtype), (loss, total))
+        layers, floor = last_step_stats(last, eta, x.dtype)
+        return grads, out, hidden, steps, max(last[:n]), max(first[:n]), layers, floor, (loss, total)
     a1, mu1, m1, hidden, out = _pc_forward(x, Ws, bs, lin, bounds)
     Wts = [W.t() for W in Ws]
     it, move, first, layers, floor = 0, math.inf, None, None, None
@@ -176,8 +175,7 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
             move = max(stats[:n], default=0.0)
             first = move if it == 1 else first
             if it == steps:
-                layers = [(big, g / eta, e) for big, g, e in zip(stats[:n], stats[n:2 * n], stats[2 * n:3 * n])]
-                floor = residual_floor_of(max(stats[3 * n:], default=0.0), x.dtype)
+                layers, floor = last_step_stats(stats, eta, x.dtype)
             if tol is not None and move <= tol:
                 break
     grads = _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output)

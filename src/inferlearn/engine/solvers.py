@@ -98,6 +98,15 @@ def residual_floor(hidden) -> float:
     return residual_floor_of(big, zs[0].dtype)
 
 
+def last_step_stats(stats: list[float], eta: float, dtype: torch.dtype) -> tuple[list, float]:
+    """Read a checked last step's statistics, laid out as ``[max|Δz_k|…, ‖Δz_k‖…, ‖ε_k‖…, max|z_k|…]`` over the
+    ``n`` hidden layers: ``(layers, floor)``, the ``(max|Δz_k|, ‖∂E/∂z_k‖, ‖ε_k‖)`` per layer that
+    :meth:`GradientSteps.report` judges (``‖∂E/∂z_k‖ = ‖Δz_k‖ / η``) and the :func:`residual_floor` of the nodes."""
+    n = len(stats) // 4
+    layers = [(big, g / eta, e) for big, g, e in zip(stats[:n], stats[n:2 * n], stats[2 * n:3 * n])]
+    return layers, residual_floor_of(max(stats[3 * n:], default=0.0), dtype)
+
+
 def residual_floor_of(big: float, dtype: torch.dtype) -> float:
     """:func:`residual_floor` from the largest activation ``big = max|z|`` already measured."""
     return 20.0 * torch.finfo(dtype).eps * (1.0 + (big if math.isfinite(big) else 0.0))
@@ -829,8 +838,7 @@ class GradientSteps(Solver):
                     stats = torch.stack([*big, *torch._foreach_norm(steps), *errors,
                                          *max_abs(hidden)]).tolist()
                     move = max(stats[:n])
-                    ratios = [(b, g / eta, e) for b, g, e in zip(stats[:n], stats[n:2 * n], stats[2 * n:3 * n])]
-                    floor = residual_floor_of(max(stats[3 * n:]), hidden[0].dtype)
+                    ratios, floor = last_step_stats(stats, eta, hidden[0].dtype)
                 first = move if it == 1 else first
             if self.tol is not None and check and move <= self.tol:
                 break
