@@ -210,7 +210,7 @@ def test_budgets_scale_width_and_epochs():
     model = build_model(scaled_arch("pcx-mlp", 0.25), "relu", 784, 10, (1, 28, 28))
     assert [m.out_features for m in model if hasattr(m, "out_features")] == [32, 32, 32, 10]
     assert scaled_epochs(50, 0.1) == 5 and scaled_epochs(3, 0.1) == 1
-    assert parse_budget("cpu", PROTOCOLS["vgg5-cifar10"]) == Budget("cpu", 0.125, 0.1)
+    assert parse_budget("cpu", PROTOCOLS["vgg5-cifar10"]) == Budget("cpu", 0.0625, 0.06)
     assert parse_budget("1/4", PROTOCOLS["mlp-mnist"]) == Budget("1/4", 0.25, 0.25)
     with pytest.raises(ValueError, match="Cannot scale the width"):
         scaled_arch("conv:4-8", 0.5)

@@ -384,6 +384,60 @@ def test_pc_on_a_graph_equals_few_line_autograd_pc():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
+class PooledResConv(ResConv):
+    """ResConv with max pooling before the head: a map that is not affine, so predictive coding's value-node
+    gradients take the vector–Jacobian-product path instead of the closed form."""
+
+    def __init__(self, seed=0):
+        super().__init__(seed)
+        self.pool = nn.MaxPool2d(2)
+
+
+def _energy_autograd(problem, hidden):
+    with torch.enable_grad():
+        hs = [h.detach().requires_grad_(True) for h in hidden]
+        return list(torch.autograd.grad(problem.value(hs, fresh_a1=False).sum(), hs))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels-last"])
+@pytest.mark.parametrize("case", ["se", "ce", "nudged-se", "nudged-ce"])
+def test_pc_value_node_gradients_equal_autograd_of_the_energy(case, layout):
+    """Guards the hand-written backward of the squared terms (a dropped own term ``w_k ε_k``, a wrong sign or
+    weight of a child's error, a wrong cross-entropy or nudge gradient): it must equal autograd of the energy's
+    value, on a residual net with max pooling, in either memory layout."""
+    from inferlearn.engine.layered import NudgedOutputProblem
+    from inferlearn.models.build import channels_last
+    from inferlearn.rules.predictive_coding import DIFFERENTIABLE, penalty_energy
+
+    model = PooledResConv(seed=3).to(DT)
+    if layout == "channels-last":
+        channels_last(model)
+        assert model.c0.weight.is_contiguous(memory_format=torch.channels_last)
+    x, labels = _data(n=5, seed=2)
+    g = torch.Generator().manual_seed(1)
+    y = 1.5 * torch.softmax(torch.randn(5, 3, generator=g, dtype=DT), 1)   # not summing to 1: the CE factor Σ_j y_j shows
+    chain = model_chain(model, DIFFERENTIABLE, "pc", example=x)
+    if case.startswith("nudged"):
+        signs = torch.tensor([1.0, -1.0, 0.0, 1.0, -1.0], dtype=DT)
+        problem = NudgedOutputProblem(penalty_energy(chain, 0.7, "se"), x, y, signs, 0.3, case[-2:])
+    else:
+        problem = LayeredProblem(penalty_energy(chain, 0.7, case), x, y)
+    assert not problem._closed_form() and problem._vjp_form()
+    hidden = [z + 0.3 * torch.randn(z.shape, generator=g, dtype=DT) for z in problem.forward_state()[0]]
+    for mine, ref in zip(problem.gradients(hidden), _energy_autograd(problem, hidden), strict=True):
+        torch.testing.assert_close(mine, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_zoo_conv_models_are_channels_last_and_mlps_untouched():
+    from inferlearn.models import build_model
+
+    vgg = build_model("vgg5:width=0.125", "relu", 3072, 10, (3, 32, 32))
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in vgg.parameters() if p.dim() == 4)
+    assert vgg(torch.rand(2, 3072)).shape == (2, 10)
+    mlp = build_model("784-8-10", "relu", 784, 10, (1, 28, 28))
+    assert all(p.is_contiguous() for p in mlp.parameters())
+
+
 @pytest.mark.parametrize("name", ["contrastive", "eqprop"])
 def test_contrastive_rules_on_a_residual_net_approach_backprop_at_small_gamma(name):
     """As on chains, the two-phase rules on a residual net approximate back-propagation's gradient as the

@@ -273,7 +273,7 @@ class LayeredProblem(BatchProblem):
                 r = r * self._row_mask(~clamped, r)
             self._free_res = r
         self.nudge, self.beta = nudge, beta
-        self._fwd = None
+        self._fwd = self._p1 = None
 
     @staticmethod
     def _row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -384,10 +384,57 @@ class LayeredProblem(BatchProblem):
         """
         if self._closed_form():
             return self._closed_form_gradients(hidden)
+        if self._vjp_form():
+            return self._penalty_gradients(hidden)
         with torch.enable_grad():
             hs = [h.detach().requires_grad_(True) for h in hidden]
             total = self.value(hs, fresh_a1=False).sum()
             return list(torch.autograd.grad(total, hs))
+
+    def _vjp_form(self) -> bool:
+        """Whether :meth:`_penalty_gradients` applies: the penalty energy with every row clamped, no nudge."""
+        return self.energy.kind == "penalty" and self._free_res is None and self.n_clamped == self.batch
+
+    def _first_prediction(self) -> torch.Tensor:
+        """``f_1(a_1)``, which no value node changes (computed once per batch)."""
+        if self._p1 is None:
+            with torch.no_grad():
+                self._p1 = self.energy.link(1).act(self.a1)
+        return self._p1
+
+    def _clamped_output_gradient(self, p_top: torch.Tensor) -> torch.Tensor:
+        """``∂T_L/∂p_L`` at the prediction ``p_L = f_L(a_L)`` of the clamped target ``t``: ``p_L − t`` (squared
+        error) or ``softmax(p_L) Σ_j t_j − t`` (cross-entropy)."""
+        t = self.target
+        if self.energy.output == "ce":
+            return torch.softmax(p_top, dim=1).mul_(t.sum(1, keepdim=True)).sub_(t)
+        return p_top - t
+
+    def _penalty_gradients(self, hidden: Sequence[torch.Tensor], errors: list | None = None) -> list[torch.Tensor]:
+        """``∂E/∂z_k`` of the penalty energy for any maps (conv, pooling, a graph's sums), by one vector–Jacobian
+        product through the predictions instead of autograd of the energy's value::
+
+            ∂E/∂z_k = w_k ε_k + Σ_{c reads k} J_{p_c}(z_k)ᵀ g_c,   ε_k = z_k − p_k,  p_c = f_c(a_c(z)),
+            g_c = −w_c ε_c (hidden c),  g_L = w_L ∂T_L/∂p_L (the clamped output; :meth:`_clamped_output_gradient`)
+
+        The same gradient as :meth:`value`'s autograd (the squared terms' backward is done by hand: ``∂½‖z − p‖²/∂p
+        = −ε``), without building and differentiating the terms, and in the value nodes' own memory layout.
+        ``errors`` (if given) receives ``‖ε_k‖`` of the hidden layers, as :meth:`gradient_step` documents.
+        """
+        e, L, w = self.energy, self.depth, self.energy.term_weights
+        links = e.chain.links
+        with torch.enable_grad():
+            hs = [h.detach().requires_grad_(True) for h in hidden]
+            zs = [self.x, *hs]
+            preds = [links[k - 1].act(links[k - 1].pre(zs)) for k in range(2, L + 1)]
+        own = [hidden[0] - self._first_prediction()] + [z - p.detach() for z, p in zip(hidden[1:], preds)]
+        if errors is not None and len(hidden) == L - 1:
+            errors.extend(torch._foreach_norm(own))
+        sent = [own[c - 1].mul(-w[c]) for c in range(2, len(hidden) + 1)]
+        if len(hidden) == L - 1:
+            sent.append(self._clamped_output_gradient(preds[-1].detach()).mul_(w[L]))
+        back = torch.autograd.grad(preds, hs, sent, allow_unused=True)
+        return [d.mul(w[k]) if b is None else b.add_(d, alpha=w[k]) for k, (d, b) in enumerate(zip(own, back), start=1)]
 
     def gradient_step(self, hidden: list[torch.Tensor], eta: float, errors: list | None = None) -> list[torch.Tensor]:
         """Simultaneous projected steps ``z_k ← Π_k(z_k − η ∂E/∂z_k)`` for every hidden layer.
@@ -401,6 +448,9 @@ class LayeredProblem(BatchProblem):
         """
         e = self.energy
         want = errors is not None and e.kind == "penalty"
+        if not self._closed_form() and self._vjp_form():
+            grads = self._penalty_gradients(hidden, errors if want else None)
+            return [z.sub(g, alpha=eta) for z, g in zip(hidden, grads)]   # the penalty variables are unconstrained
         if not self._closed_form():
             self._capture_terms = [] if want else None
             try:
@@ -632,6 +682,19 @@ class NudgedOutputProblem(LayeredProblem):
 
     def _closed_form(self) -> bool:
         return False
+
+    def _vjp_form(self) -> bool:
+        return True
+
+    def _penalty_gradients(self, hidden, errors=None):
+        """:meth:`LayeredProblem._penalty_gradients` with the free output node's own term and its nudge
+        ``s β ∂ℓ/∂z_L`` (``z_L − y``, or ``softmax(z_L) Σ_j y_j − y``) added to the last gradient."""
+        grads = super()._penalty_gradients(hidden, errors)
+        z, y = hidden[-1], self.nudge_target
+        d = z - y if self.loss == "se" else torch.softmax(z, dim=1).mul_(y.sum(1, keepdim=True)).sub_(y)
+        s = (self.nudge_beta * self.signs.to(z.dtype)).reshape(-1, *([1] * (z.dim() - 1)))
+        grads[-1].addcmul_(s, d)
+        return grads
 
     def value(self, hidden, fresh_a1=None):
         """Per-row ``F_s`` (differentiable in the value nodes and, in grad mode, the parameters)."""

@@ -29,6 +29,19 @@ def _kind(arch: str) -> str:
     return "mlp"
 
 
+def channels_last(model: nn.Module) -> nn.Module:
+    """``model`` with its 4-d parameters (conv kernels) in the channels-last layout (NHWC), in place.
+
+    A conv layer whose kernel is channels-last gives channels-last outputs, so every activation, value node
+    and error of an inference rule follows; on CPU this is faster for convolutions and several times faster
+    for max pooling (PyTorch's NCHW max pooling is its slow path), the same numbers up to float rounding.
+    A model without 4-d parameters is returned unchanged.
+    """
+    if any(p.dim() == 4 for p in model.parameters()):
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
 def build_model(arch: str, units: str | UnitSet, n_features: int, n_classes: int, image_shape: Sequence[int],
                 seed: int = 0, init_scale: float = 1.0, data_name: str = "the data") -> nn.Module:
     """The model an architecture string describes.
@@ -39,13 +52,15 @@ def build_model(arch: str, units: str | UnitSet, n_features: int, n_classes: int
       and optional dense hidden widths after ``/``;
     * a zoo model, ``vgg5`` or ``vgg5:width=0.5,pool=avg`` (:mod:`inferlearn.models.zoo`): its input shape
       and classes come from the data, ``units`` is its default activation, ``seed`` seeds it;
-    * ``package.module:function``: your own model, ``function()`` returning an ``nn.Module`` (seeded
+    * ``package.module:function``: your own model (used as it is), ``function()`` returning an ``nn.Module`` (seeded
       with ``seed`` before the call). Rules accept it when the engine can read it (:mod:`inferlearn.engine`).
 
     Raises:
         ValueError: a malformed string, an unknown zoo model, option or value, widths that do not fit the
             data, ``init_scale`` other than 1 for a zoo model (each has its own initialisation), a function
             that cannot be imported or does not return an ``nn.Module``.
+
+    Conv models of the zoo and ``conv:`` strings come in the channels-last memory layout (:func:`channels_last`).
     """
     kind = _kind(arch)
     if kind == "zoo":
@@ -53,10 +68,10 @@ def build_model(arch: str, units: str | UnitSet, n_features: int, n_classes: int
             raise ValueError(f"--init-scale {init_scale} applies to MLP architectures; zoo model {arch!r} has its "
                              "own initialisation (leave --init-scale at 1)")
         act = units.name if isinstance(units, UnitSet) else units
-        return zoo_entry(arch).build(arch.partition(":")[2], image_shape, n_classes, act=act, seed=seed)
+        return channels_last(zoo_entry(arch).build(arch.partition(":")[2], image_shape, n_classes, act=act, seed=seed))
     if kind == "conv":
         channels, hidden = parse_conv_arch(arch)
-        return conv_net(image_shape, channels, hidden, n_classes, units, seed=seed)
+        return channels_last(conv_net(image_shape, channels, hidden, n_classes, units, seed=seed))
     if kind == "builder":
         import importlib
 
