@@ -11,16 +11,16 @@ back-propagation (AdamW, lr 3e-3, the benchmark's BP choice), for
 * the output term: squared error (BP reference: quadratic loss) and cross-entropy (BP reference: cross-entropy);
 * T ∈ {7, 20, 100} and η ∈ {0.1, 0.3, 0.5, 0.9} with plain steps (a row says *diverged* where the value nodes do), and value-node momentum (μ = 0.9) at T = 7.
 
-With ``--runs OUT`` (the folder of an ``inferlearn benchmark`` run: ``OUT/search``, ``OUT/final``) it also reads every
+With ``--runs OUT ...`` (folders of ``inferlearn benchmark`` runs: ``OUT/search``, ``OUT/final``) it also reads every
 predictive-coding run's last checkpoint and reports the stability bound of its plain inference steps: along the
 value node ``z_k`` the energy's curvature is at most ``λ_k = w_k + w_{k+1} ‖A_{k+1}‖²`` (the own term, and the child's
-prediction through the next conv or linear map ``A_{k+1}``, max pooling and ReLU having slopes ≤ 1), so gradient
+prediction through the next conv or linear map ``A_{k+1}``, max pooling and ReLU having slopes ≤ 1; ``w_L = π``), so gradient
 steps of rate ``η`` are stable on every node when ``η < 2 / max_k λ_k``; the table gives ``η · max_k λ_k / 2``
 (above 1: steps that can diverge) beside the run's accuracy.
 
 Run (about 3 minutes on one thread)::
 
-    OMP_NUM_THREADS=1 python benchmarks/investigations/pc_vgg5_alignment.py --data-dir DIR [--allow-unverified] [--runs OUT]
+    OMP_NUM_THREADS=1 python benchmarks/investigations/pc_vgg5_alignment.py --data-dir DIR [--allow-unverified] [--runs OUT ...]
 
 ``DIR`` holds colour CIFAR-10 (``cifar-10-batches-py``); the lossy development copy needs ``--allow-unverified``,
 and the output says which copy ran. Writes ``benchmarks/results/pc_vgg5_alignment.md``.
@@ -81,8 +81,8 @@ def stability_rows(runs: Path, image_shape: tuple) -> list[str]:
     """One line per PC run in ``runs``: its options, accuracy, and ``η max_k λ_k / 2`` at its last checkpoint."""
     import json
 
-    lines = ["", "## Stability of the inference steps at the end of the benchmark's PC runs", "",
-             f"Benchmark folder `{runs.name}`; `η max λ / 2` above 1 means plain steps of rate η can diverge on some "
+    lines = ["", f"## Stability of the inference steps at the end of the PC runs of `{runs.name}`", "",
+             "`η max λ / 2` above 1 means plain steps of rate η can diverge on some "
              "value node (the bound is an upper bound: ReLU and max pooling slopes of 1 everywhere).", "",
              "| run | lr | η | output | last val / test acc | max_k λ_k | η max λ / 2 |", "|---|---|---|---|---|---|---|"]
     for ck in sorted(runs.glob("*/pc-*/**/checkpoint.pt")):
@@ -92,15 +92,14 @@ def stability_rows(runs: Path, image_shape: tuple) -> list[str]:
             continue
         state = torch.load(ck, map_location="cpu", weights_only=False)
         sd, hist = state["model"], state["history"]
-        convs = [v for k, v in sd.items() if k.endswith("weight") and v.dim() == 4]
-        head = [v for k, v in sd.items() if k.endswith("weight") and v.dim() == 2][-1]
-        c, h, _ = image_shape
-        shapes, size = [], h
-        for wgt in convs:   # each conv reads its input after the previous block's 2×2 pooling
-            shapes.append((wgt.shape[1], size, size))
-            size //= 2
-        norms = [conv_norm_sq(wgt, shp) for wgt, shp in zip(convs[1:], shapes[1:])]
-        norms.append(float(torch.linalg.matrix_norm(head.double(), 2)) ** 2)
+        weights = [v for k, v in sd.items() if k.endswith("weight") and v.dim() in (2, 4)]
+        norms, size = [], image_shape[1]
+        for i, wgt in enumerate(weights):   # each conv reads its input after the previous block's 2×2 pooling
+            if i > 0:
+                norms.append(conv_norm_sq(wgt, (wgt.shape[1], size, size)) if wgt.dim() == 4
+                             else float(torch.linalg.matrix_norm(wgt.double(), 2)) ** 2)
+            if wgt.dim() == 4:
+                size //= 2
         pi = float(opts.get("output_weight", 1.0))
         lam = [1.0 + n for n in norms[:-1]] + [1.0 + pi * norms[-1]]
         eta = float(opts.get("step_size", 0.1))
@@ -117,7 +116,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--allow-unverified", action="store_true")
-    p.add_argument("--runs", type=Path, default=None, help="an inferlearn benchmark folder of vgg5-cifar10 runs")
+    p.add_argument("--runs", type=Path, nargs="*", default=[],
+                   help="inferlearn benchmark folders (vgg5-cifar10, mlp-mnist, ...) whose PC runs to read")
     args = p.parse_args()
     torch.set_num_threads(1)
     t0 = time.time()
@@ -170,8 +170,9 @@ def main() -> int:
             continue
         lines.append(f"| {output} | {state} | {steps} | {eta:g} | {opt} | "
                      + " | ".join(f"{c:.3f}" for c in cosines) + f" | {ratio:.3g} |")
-    if args.runs is not None:
-        lines += stability_rows(args.runs, data.image_shape)
+    for runs in args.runs:
+        shape = data.image_shape if (runs / "benchmark.json").read_text().find('"cifar10"') >= 0 else (1, 28, 28)
+        lines += stability_rows(runs, shape)
     out = RESULTS / "pc_vgg5_alignment.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
