@@ -153,7 +153,8 @@ def main() -> int:
                              weights[0]["norm_ratio"]))
     lines = ["# Predictive coding's gradient against back-propagation's on VGG-5 (CPU budget width)", "",
              "Command: `OMP_NUM_THREADS=1 python benchmarks/investigations/pc_vgg5_alignment.py --data-dir DIR "
-             "--allow-unverified`", "",
+             "--allow-unverified" + "".join(f" --runs {r.name}" if i == 0 else f" {r.name}" for i, r in enumerate(args.runs))
+             + "`" + (" (the `--out` folders of the `inferlearn benchmark` commands their tables name)" if args.runs else ""), "",
              f"Model `{ARCH}` (the `vgg5-cifar10` CPU budget's), seed 0, ReLU; one batch of the first {BATCH} "
              f"colour CIFAR-10 training images ({copy_note}), standardised per channel; float32. Cosine between PC's "
              "weight gradient and back-propagation's (the same output loss) per weight, first conv to the linear "
