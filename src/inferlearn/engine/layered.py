@@ -131,6 +131,11 @@ class LayeredEnergy:
         return self.link(k).units.project(z)
 
 
+def cross_entropy_gradient(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``∂/∂p (−Σ_j t_j log softmax(p)_j) = softmax(p) Σ_j t_j − t`` per row (a new tensor)."""
+    return torch.softmax(logits, dim=1).mul_(target.sum(1, keepdim=True)).sub_(target)
+
+
 class _Adjoint:
     """``v ↦ Aᵀ v`` for the linear part of an affine edge map (a :class:`~inferlearn.engine.chain.Edge`, or a
     chain's one-edge link), at a fixed batch shape.
@@ -405,10 +410,7 @@ class LayeredProblem(BatchProblem):
     def _clamped_output_gradient(self, p_top: torch.Tensor) -> torch.Tensor:
         """``∂T_L/∂p_L`` at the prediction ``p_L = f_L(a_L)`` of the clamped target ``t``: ``p_L − t`` (squared
         error) or ``softmax(p_L) Σ_j t_j − t`` (cross-entropy)."""
-        t = self.target
-        if self.energy.output == "ce":
-            return torch.softmax(p_top, dim=1).mul_(t.sum(1, keepdim=True)).sub_(t)
-        return p_top - t
+        return cross_entropy_gradient(p_top, self.target) if self.energy.output == "ce" else p_top - self.target
 
     def _penalty_gradients(self, hidden: Sequence[torch.Tensor], errors: list | None = None) -> list[torch.Tensor]:
         """``∂E/∂z_k`` of the penalty energy for any maps (conv, pooling, a graph's sums), by one vector–Jacobian
@@ -423,6 +425,8 @@ class LayeredProblem(BatchProblem):
         """
         e, L, w = self.energy, self.depth, self.energy.term_weights
         links = e.chain.links
+        if not hidden:
+            return []
         with torch.enable_grad():
             hs = [h.detach().requires_grad_(True) for h in hidden]
             zs = [self.x, *hs]
@@ -691,7 +695,7 @@ class NudgedOutputProblem(LayeredProblem):
         ``s β ∂ℓ/∂z_L`` (``z_L − y``, or ``softmax(z_L) Σ_j y_j − y``) added to the last gradient."""
         grads = super()._penalty_gradients(hidden, errors)
         z, y = hidden[-1], self.nudge_target
-        d = z - y if self.loss == "se" else torch.softmax(z, dim=1).mul_(y.sum(1, keepdim=True)).sub_(y)
+        d = z - y if self.loss == "se" else cross_entropy_gradient(z, y)
         s = (self.nudge_beta * self.signs.to(z.dtype)).reshape(-1, *([1] * (z.dim() - 1)))
         grads[-1].addcmul_(s, d)
         return grads
