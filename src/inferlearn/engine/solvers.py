@@ -163,13 +163,14 @@ def judge_far(solver, info: SolveInfo, hidden, done: str, fix: str) -> SolveInfo
 
 
 def finish(name: str, problem, hidden: list[torch.Tensor], iterations: int, tol: float | None,
-           on_fail: str, residual: float | None = None, initial: float | None = None) -> SolveInfo:
+           on_fail: str, residual: float | None = None, initial: float | None = None, owner=None) -> SolveInfo:
     """The :class:`SolveInfo` of a finished solve; warns or raises (``on_fail``) when ``tol`` was missed.
 
     ``residual`` is the solver's own measure; ``None`` evaluates ``problem.residuals(hidden)``. A
     non-finite residual always raises :class:`ConvergenceError`. Without ``tol``, ``initial`` (the residual at
     the start) gives the relative verdict of :func:`fixed_steps_verdict` (no warning here: whether that is *far*
-    is the solver's criterion, :func:`far_from`).
+    is the solver's criterion, :func:`far_from`). With ``owner`` (the solver), the missed-``tol`` warning is
+    issued once per owner, not once per batch: a run's log keeps one line.
     """
     if residual is None:
         residual = float(problem.residuals(hidden).max()) if hidden else 0.0
@@ -185,8 +186,11 @@ def finish(name: str, problem, hidden: list[torch.Tensor], iterations: int, tol:
                "raise max_iter or tol")
         if on_fail == "raise":
             raise ConvergenceError(msg)
-        if on_fail == "warn":
+        if on_fail == "warn" and owner is None:
             warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+        elif on_fail == "warn" and not getattr(owner, "_tol_warned", False):
+            owner._tol_warned = True
+            warnings.warn(msg + " (warned once per run)", ConvergenceWarning, stacklevel=3)
     return info
 
 
@@ -305,7 +309,7 @@ class CoordinateDescent(Solver):
                         a_top.addr_(d, w)
             if self.tol is not None and max_move <= self.tol:
                 break
-        info = finish(self.name, problem, hidden, it, self.tol, self.on_fail, initial=initial)
+        info = finish(self.name, problem, hidden, it, self.tol, self.on_fail, initial=initial, owner=self)
         judge_far(self, info, hidden, f"{self.sweeps} sweeps", "raise max_iter (the sweeps), or use solver "
                   "'block-pg' (it stops on a tolerance)")
         return hidden, info
@@ -477,7 +481,7 @@ class BlockProjectedGradient(Solver):
 
     def _finish(self, problem, hidden, it: int, move: float, first: float | None) -> SolveInfo:
         res = move if (self.residual == "step" and self.tol is not None) else None
-        info = finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res, initial=first)
+        info = finish(self.name, problem, hidden, it, self.tol, self.on_fail, residual=res, initial=first, owner=self)
         return judge_far(self, info, hidden, f"{it} sweeps", "raise the sweeps (max_iter), or give a tol")
 
     def _solve_layered(self, problem: LayeredProblem, hidden, pre):
@@ -677,7 +681,7 @@ class ReferenceSolver(Solver):
         h64, info = bpg._solve(p64, h64, pre64)
         h64, n_newton = self._polish(p64, h64)
         res = float(p64.residuals(h64).max())
-        info = finish(self.name, p64, h64, info.iterations + n_newton, self.tol, self.on_fail, residual=res)
+        info = finish(self.name, p64, h64, info.iterations + n_newton, self.tol, self.on_fail, residual=res, owner=self)
         return [z.to(dtype) for z in h64], info
 
     def _solve_layered(self, problem: LayeredProblem, hidden, pre):
@@ -688,7 +692,8 @@ class ReferenceSolver(Solver):
         bpg = BlockProjectedGradient(max_iter=self.sweeps, tol=1e-11, check_every=10, on_fail="ignore", residual="exact")
         hidden, info = bpg._solve_layered(problem, hidden, pre)
         res = float(problem.residuals(hidden).max())
-        return hidden, finish(self.name, problem, hidden, info.iterations, self.tol, self.on_fail, residual=res)
+        return hidden, finish(self.name, problem, hidden, info.iterations, self.tol, self.on_fail, residual=res,
+                              owner=self)
 
     def _polish(self, p: LiftedProblem, hidden: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
         e = p.energy

@@ -190,7 +190,7 @@ class LPOM(Rule):
         """The sweeps' :class:`~inferlearn.engine.solvers.SolveInfo`: against ``tol`` (warned when missed), or
         relative to the first sweep's move (warned once per run when above :data:`FAR_RTOL`)."""
         if self.tol is not None:
-            return finish(self.name, None, hidden, iterations, self.tol, "warn", residual=move)
+            return finish(self.name, None, hidden, iterations, self.tol, "warn", residual=move, owner=self)
         info = fixed_steps_verdict(self.name, move, iterations, first, residual_floor(hidden))
         if first and not info.converged and move > FAR_RTOL * first:
             warn_far(self, info, f"{self.name}: inference far from its fixed point after {iterations} sweeps: the last "
