@@ -87,6 +87,28 @@ def test_divergence_stops_with_epoch_and_step(tmp_path):
         train(_cfg(tmp_path, "div", lr=1e6), progress=False, log=None)
 
 
+@pytest.mark.parametrize("rule", ["contrastive", "pc"])
+def test_divergence_of_an_iterative_rule_is_divergence(tmp_path, rule):
+    """The loop checks the weights once an epoch and the loss every step: a rule whose solver refuses the
+    previous step's non-finite weights must still end in DivergenceError naming the epoch and step."""
+    with pytest.raises(DivergenceError, match=r"epoch 1, step \d+"):
+        train(_cfg(tmp_path, rule, rule=rule, lr=1e38, optimizer="sgd"), progress=False, log=None)
+
+
+def test_training_data_checked_once():
+    """The per-batch checks are skipped in the loop because the split is checked once, here."""
+    import torch
+    from inferlearn.training.loop import check_training_data
+
+    x, y = torch.rand(20, 4), torch.arange(20) % 3
+    check_training_data(x, y, 3, "toy")
+    x[5, 1] = float("inf")
+    with pytest.raises(ValueError, match=r"toy: the training inputs hold NaN or inf"):
+        check_training_data(x, y, 3, "toy")
+    with pytest.raises(ValueError, match=r"toy: Labels out of range: found values in \[0, 2\], the network has 2 outputs"):
+        check_training_data(torch.rand(20, 4), y, 2, "toy")
+
+
 def test_finite_explosion_is_divergence(tmp_path):
     """Bounded units let output weights explode to ~1e16 without a NaN: the loss-ratio test catches it."""
     with pytest.raises(DivergenceError, match=r"loss \d[\d.e+]* at epoch 1, step \d+ \(first loss"):

@@ -7,9 +7,9 @@ block-ADMM -- each a rule that fills ``.grad`` of a PyTorch model (or, for block
 from .engine.chain import declare_affine, model_chain, model_graph
 from .engine.graph_reader import Node, declare_map
 from .errors import (ConvergenceError, ConvergenceWarning, DataError, DivergenceError, InferlearnError, InferlearnWarning,
-                     PrecisionWarning)
+                     NonFiniteError, PrecisionWarning)
 
 __version__ = "0.1.0"
 
 __all__ = ["declare_affine", "declare_map", "model_chain", "model_graph", "Node", "ConvergenceError", "ConvergenceWarning", "DataError", "DivergenceError", "InferlearnError",
-           "InferlearnWarning", "PrecisionWarning", "__version__"]
+           "InferlearnWarning", "NonFiniteError", "PrecisionWarning", "__version__"]

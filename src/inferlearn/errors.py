@@ -25,6 +25,11 @@ class ConvergenceError(InferlearnError):
     """An iterative solver did not reach the requested accuracy."""
 
 
+class NonFiniteError(ConvergenceError):
+    """An iterative solver met non-finite weights or produced non-finite activations (in training: the run
+    diverged, and the training loop reports it as a :class:`DivergenceError` naming the epoch and step)."""
+
+
 class DistributedError(InferlearnError):
     """A data- or block-parallel run lost a process: another rank died, hung past the timeout, or the
     process group could not be formed."""

@@ -69,7 +69,7 @@ def is_affine(m: nn.Module) -> bool:
 
 def _leaves(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
     """The modules of a chain in order, with their dotted paths (Sequentials and protocols expanded)."""
-    protocol = getattr(module, "inferlearn_chain", None)
+    protocol = _chain_protocol(module)
     if callable(protocol):
         items = list(protocol())
         if not all(isinstance(m, nn.Module) for m in items):
@@ -88,10 +88,18 @@ def _leaves(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
     return [(path or type(module).__name__, module)]
 
 
+def _chain_protocol(module: nn.Module):
+    """``module.inferlearn_chain`` or ``None``, looked up on the class first: a plain ``getattr`` that misses on an
+    ``nn.Module`` goes through its ``__getattr__`` and an exception, once per leaf on every rule call."""
+    if getattr(type(module), "inferlearn_chain", None) is not None or "inferlearn_chain" in module.__dict__:
+        return getattr(module, "inferlearn_chain")
+    return None
+
+
 def _leaf_ids(module: nn.Module) -> list:
     """``[id(m) for _, m in _leaves(module, "")]`` without the paths (no ``named_modules`` walk): the cache check
     that runs on every rule call."""
-    protocol = getattr(module, "inferlearn_chain", None)
+    protocol = _chain_protocol(module)
     if callable(protocol):
         out = []
         for m in protocol():

@@ -33,7 +33,7 @@ import torch
 from .compiled import CompiledStep
 from .dense import LiftedProblem
 from .layered import LayeredProblem, gram_norm_bound, operator_norm_sq
-from ..errors import ConvergenceError, ConvergenceWarning
+from ..errors import ConvergenceError, ConvergenceWarning, NonFiniteError
 
 ON_FAIL = ("warn", "raise", "ignore")
 
@@ -175,7 +175,7 @@ def finish(name: str, problem, hidden: list[torch.Tensor], iterations: int, tol:
     if residual is None:
         residual = float(problem.residuals(hidden).max()) if hidden else 0.0
     if not math.isfinite(residual):   # NaN/inf anywhere in the iterate propagates into the residual
-        raise ConvergenceError(f"{name}: non-finite activations after {iterations} iterations "
+        raise NonFiniteError(f"{name}: non-finite activations after {iterations} iterations "
                                "(weights too large or inputs non-finite?)")
     if tol is None:
         return fixed_steps_verdict(name, residual, iterations, initial, residual_floor(hidden))
@@ -323,7 +323,7 @@ def gram_lambda_max(W: torch.Tensor) -> float:
     """
     lam = gram_norm_bound(W)
     if not math.isfinite(lam):
-        raise ConvergenceError("Cannot solve the inference problem: non-finite weights")
+        raise NonFiniteError("Cannot solve the inference problem: non-finite weights")
     return lam
 
 
@@ -452,7 +452,7 @@ class BlockProjectedGradient(Solver):
                 continue
             lam = _norm_sq(problem, k, hidden)
             if not math.isfinite(lam):
-                raise ConvergenceError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
+                raise NonFiniteError(f"{self.name}: non-finite weights (‖W_{k}‖₂² = {lam}); cannot solve")
             if self.safe_steps:
                 out.append(self.relaxation / (1.0 + rho * lam))
             else:

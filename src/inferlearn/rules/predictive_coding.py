@@ -41,7 +41,7 @@ from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
 from ..engine.layered import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
 from ..engine.phases import NUDGINGS, check_beta, nudged_phases
 from ..engine.solvers import GradientSteps, OptimizerSteps, residual_floor
-from ..errors import ConvergenceError
+from ..errors import NonFiniteError
 from ..losses import one_hot, quadratic_loss
 from ..models import all_finite
 from .base import Rule, StepInfo, check_positive, register_rule
@@ -58,7 +58,7 @@ def check_inference_finite(name: str, chain: Chain, hidden, steps: int, step_siz
     """Raise :class:`ConvergenceError` when gradient-step inference left non-finite value nodes or gradients."""
     grads = [p.grad for link in chain.links for p in link.parameters() if p.grad is not None]
     if not all_finite(list(hidden) + grads):
-        raise ConvergenceError(f"{name}: inference diverged (non-finite value nodes after {steps} steps); "
+        raise NonFiniteError(f"{name}: inference diverged (non-finite value nodes after {steps} steps); "
                                f"lower step_size (now {step_size:g})")
 
 

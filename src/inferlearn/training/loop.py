@@ -40,8 +40,8 @@ from ..data.transforms import CropFlip, channel_stats, standardize
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
 from ..engine.compiled import compile_seconds, compiling, planned_batches
-from ..errors import DivergenceError, InferlearnError, RunFolderError
-from ..losses import quadratic_loss, one_hot
+from ..errors import DivergenceError, InferlearnError, NonFiniteError, RunFolderError
+from ..losses import check_labels, one_hot, quadratic_loss
 from ..models import all_finite, build_model
 from ..rules import Rule, make_rule
 from .run_folder import RunFolder
@@ -123,12 +123,29 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
         raise ValueError(f"The model {config.arch!r} has no trainable parameters (none, or all with "
                          "requires_grad=False): there is nothing to train")
     opt = make_optimizer(config, params)
+    train_x, train_y = prepare(data.train_x[fit]), data.train_y[fit].to(device)
+    check_training_data(train_x, train_y, data.n_classes, data.name)
     val_x = prepare(data.train_x[val]) if config.val_size else None
     val_y = data.train_y[val].to(device) if config.val_size else None
     return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt, config.epochs),
-                 prepare(data.train_x[fit]), data.train_y[fit].to(device),
-                 prepare(data.test_x), data.test_y.to(device), val_x=val_x, val_y=val_y,
+                 train_x, train_y, prepare(data.test_x), data.test_y.to(device), val_x=val_x, val_y=val_y,
                  group=group or Group(), augment=augment, input_stats=stats)
+
+
+def check_training_data(x: torch.Tensor, y: torch.Tensor, n_classes: int, data_name: str) -> None:
+    """Check the training split once, as the model takes it (so that :func:`run_epoch` can skip the rules'
+    per-batch checks): finite inputs and integer labels in ``[0, n_classes)``.
+
+    Raises:
+        ValueError: non-finite inputs or labels out of range, naming the data set.
+    """
+    if not all_finite([x]):
+        raise ValueError(f"{data_name}: the training inputs hold NaN or inf (after standardisation, if on); check the "
+                         "data files")
+    try:
+        check_labels(y, n_classes, batch=x.shape[0])
+    except ValueError as exc:
+        raise ValueError(f"{data_name}: {exc}; check the data files") from None
 
 
 def make_optimizer(config: TrainConfig, params: list) -> torch.optim.Optimizer:
@@ -204,12 +221,20 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             dy, dx, flip = s.augment.draw(len(idx))
             rows = group.shard(torch.arange(len(idx)))
             x = s.augment.apply(x, dy[rows], dx[rows], flip[rows])
-        s.optimizer.zero_grad(set_to_none=True)
+        for p in params:   # optimizer.zero_grad(set_to_none=True), without its per-call bookkeeping
+            p.grad = None
         loss = 0.0
         if len(mine):
-            # the last, partial batch runs eagerly rather than compiling a new shape
+            # the last, partial batch runs eagerly rather than compiling a new shape; the batch comes from the
+            # training split that build() checked once
             with compiling("off") if len(idx) < config.batch_size and steps > 1 else contextlib.nullcontext():
-                loss = s.rule.backward(s.model, x, s.train_y[mine], index=mine if indexed else None).loss
+                try:
+                    loss = s.rule.backward(s.model, x, s.train_y[mine], index=mine if indexed else None,
+                                           validated=True).loss
+                except NonFiniteError as exc:   # the weights (or, through them, the activations) blew up
+                    raise DivergenceError(f"Training diverged at epoch {epoch}, step {step + 1} ({exc}; rule "
+                                          f"{config.rule}, lr {config.lr}); last good checkpoint: {last_good}. Try "
+                                          "a smaller learning rate.") from None
         loss = group.average_gradients(params, len(mine), len(idx), loss)
         if indexed and group.distributed:   # every rank keeps every sample's state: share this step's rows
             group.share_sample_state(s.rule, idx)
@@ -226,13 +251,14 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             raise DivergenceError(f"The optimiser step failed at epoch {epoch}, step {step + 1} ({exc}); "
                                   f"learning rate {s.optimizer.param_groups[0]['lr']:g} is too large for "
                                   f"{next(s.model.parameters()).dtype}; last good checkpoint: {last_good}") from None
-        if not all_finite(params):
-            raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch}, step {step + 1} "
-                                  f"(rule {config.rule}, lr {config.lr}); last good checkpoint: {last_good}. "
-                                  "Try a smaller learning rate.")
         total += loss
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss:.4f}")
+    # non-finite weights after a step give a non-finite loss at the next one (checked above): only the epoch's
+    # last step needs its own check, before the weights are evaluated and checkpointed
+    if not all_finite(params):
+        raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch} (rule {config.rule}, lr "
+                              f"{config.lr}); last good checkpoint: {last_good}. Try a smaller learning rate.")
     s.scheduler.step()
     return total / steps
 
