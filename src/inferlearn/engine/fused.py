@@ -67,18 +67,22 @@ def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: st
     Returns:
         ``(loss, output)``.
     """
+    Ws, bs, units, func, kw = bp_step_arguments(chain, local)
+    y = one_hot(labels, Ws[-1].shape[0], x.dtype)   # outside the step: F.one_hot checks its input's values
+    value, out, grads = BP_STEP(x.reshape(x.shape[0], -1), labels, y, Ws, bs, units, loss, func, kw)
+    accumulate_dense_grads(chain, grads)
+    return float(value), out
+
+
+def bp_step_arguments(chain: Chain, local: LocalBackward | Sequence[LocalBackward]) -> tuple:
+    """``(Ws, bs, units, local, constants)``: the arguments of :func:`bp_step` after the batch, for a dense chain."""
     Ws = [l.linear.weight for l in chain.links]
     bs = [l.linear.bias for l in chain.links]
     units = tuple(l.units for l in chain.links[:-1])
     if isinstance(local, Sequence):   # one local backward per hidden layer (e.g. Fenchel BP's β_k)
         parts = [_constants(f) for f in local]
-        func, kw = tuple(f for f, _ in parts), tuple(k for _, k in parts)
-    else:
-        func, kw = _constants(local)
-    y = one_hot(labels, Ws[-1].shape[0], x.dtype)   # outside the step: F.one_hot checks its input's values
-    value, out, grads = BP_STEP(x.reshape(x.shape[0], -1), labels, y, Ws, bs, units, loss, func, kw)
-    accumulate_dense_grads(chain, grads)
-    return float(value), out
+        return Ws, bs, units, tuple(f for f, _ in parts), tuple(k for _, k in parts)
+    return (Ws, bs, units, *_constants(local))
 
 
 def _constants(local: LocalBackward) -> tuple:
@@ -88,7 +92,7 @@ def _constants(local: LocalBackward) -> tuple:
     return local, ()
 
 
-def _bp_step(x: torch.Tensor, labels: torch.Tensor, y: torch.Tensor, Ws: list, bs: list, units: tuple, loss: str, local, kw: tuple):
+def bp_step(x: torch.Tensor, labels: torch.Tensor, y: torch.Tensor, Ws: list, bs: list, units: tuple, loss: str, local, kw: tuple):
     """Forward and backward of a dense chain: ``(loss, output, [(∇W_k, ∇b_k)])`` (batch mean)."""
     zs, pres = [x], [x]
     L = len(Ws)
@@ -115,7 +119,7 @@ def _bp_step(x: torch.Tensor, labels: torch.Tensor, y: torch.Tensor, Ws: list, b
     return value, out, grads
 
 
-BP_STEP = CompiledStep(_bp_step, "the back-propagation step")
+BP_STEP = CompiledStep(bp_step, "the back-propagation step")
 
 
 @torch.no_grad()

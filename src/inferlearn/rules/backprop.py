@@ -48,10 +48,17 @@ class BackProp(Rule):
     def __post_init__(self) -> None:
         check_loss(self.loss)
 
-    def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+    def dense_plan(self, model: nn.Module) -> tuple | None:
+        """``(chain, loss, local backward)`` of the fused dense backward
+        (:func:`~inferlearn.engine.fused.dense_backward`) when it applies to ``model``, else ``None``."""
         chain = dense_chain(model) if self.fused else None
-        if chain is not None:
-            loss, out = dense_backward(chain, x, labels, self.loss, _derivative_mask)
+        return None if chain is None else (chain, self.loss, _derivative_mask)
+
+    def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+        plan = self.dense_plan(model)
+        if plan is not None:
+            chain, loss_name, local = plan
+            loss, out = dense_backward(chain, x, labels, loss_name, local)
             return StepInfo(loss=loss, output=out)
         with torch.enable_grad():
             output = model(x)

@@ -43,6 +43,7 @@ from ..engine.compiled import compile_seconds, compiling, planned_batches
 from ..errors import DivergenceError, InferlearnError, NonFiniteError, RunFolderError
 from ..losses import check_labels, one_hot, quadratic_loss
 from ..models import all_finite, build_model
+from .fused_step import FusedTrainStep
 from ..rules import Rule, make_rule
 from .run_folder import RunFolder
 from .schedules import make_schedule
@@ -211,6 +212,8 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     total = 0.0
     group = s.group
     params = [p for p in s.model.parameters() if p.requires_grad]
+    # back-propagation on a dense chain, compiled: the backward and the optimiser's step as one call
+    fused = FusedTrainStep.make(s.rule, s.model, s.optimizer, group.distributed) if not indexed else None
     bar = tqdm(range(steps), desc=f"epoch {epoch}/{config.epochs} [{config.rule}]", leave=False,
                disable=not (progress and group.is_main))
     for step in bar:
@@ -223,34 +226,11 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
             x = s.augment.apply(x, dy[rows], dx[rows], flip[rows])
         for p in params:   # optimizer.zero_grad(set_to_none=True), without its per-call bookkeeping
             p.grad = None
-        loss = 0.0
-        if len(mine):
-            # the last, partial batch runs eagerly rather than compiling a new shape; the batch comes from the
-            # training split that build() checked once
-            with compiling("off") if len(idx) < config.batch_size and steps > 1 else contextlib.nullcontext():
-                try:
-                    loss = s.rule.backward(s.model, x, s.train_y[mine], index=mine if indexed else None,
-                                           validated=True).loss
-                except NonFiniteError as exc:   # the weights (or, through them, the activations) blew up
-                    raise DivergenceError(f"Training diverged at epoch {epoch}, step {step + 1} ({exc}; rule "
-                                          f"{config.rule}, lr {config.lr}); last good checkpoint: {last_good}. Try "
-                                          "a smaller learning rate.") from None
-        loss = group.average_gradients(params, len(mine), len(idx), loss)
-        if indexed and group.distributed:   # every rank keeps every sample's state: share this step's rows
-            group.share_sample_state(s.rule, idx)
-        if s.first_loss is None:
-            s.first_loss = loss
-        loss_ref = s.first_loss
-        if not math.isfinite(loss) or loss > config.divergence_factor * max(loss_ref, 1e-12):
-            raise DivergenceError(f"Training diverged: loss {loss:.3g} at epoch {epoch}, step {step + 1} "
-                                  f"(first loss {loss_ref:.3g}; rule {config.rule}, lr {config.lr}); last good checkpoint: "
-                                  f"{last_good}. Try a smaller learning rate.")
-        try:
-            s.optimizer.step()
-        except RuntimeError as exc:   # e.g. a learning rate that overflows the parameters' dtype
-            raise DivergenceError(f"The optimiser step failed at epoch {epoch}, step {step + 1} ({exc}); "
-                                  f"learning rate {s.optimizer.param_groups[0]['lr']:g} is too large for "
-                                  f"{next(s.model.parameters()).dtype}; last good checkpoint: {last_good}") from None
+        if fused is not None and len(mine) == config.batch_size and fused.active(x.device):
+            loss = fused(x, s.train_y[mine])   # the update is applied: a diverged loss stops the run below
+            _check_loss(s, config, loss, epoch, step, last_good)
+        else:
+            loss = _rule_step(s, config, x, mine, idx, params, epoch, step, steps, last_good)
         total += loss
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss:.4f}")
@@ -261,6 +241,46 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
                               f"{config.lr}); last good checkpoint: {last_good}. Try a smaller learning rate.")
     s.scheduler.step()
     return total / steps
+
+
+def _rule_step(s: Setup, config: TrainConfig, x: torch.Tensor, mine: torch.Tensor, idx: torch.Tensor, params: list,
+               epoch: int, step: int, steps: int, last_good: str) -> float:
+    """One step of the rule and the optimiser (the separate calls), with the divergence checks; returns the loss."""
+    indexed, group = s.rule.uses_sample_index, s.group
+    loss = 0.0
+    if len(mine):
+        # the last, partial batch runs eagerly rather than compiling a new shape; the batch comes from the
+        # training split that build() checked once
+        with compiling("off") if len(idx) < config.batch_size and steps > 1 else contextlib.nullcontext():
+            try:
+                loss = s.rule.backward(s.model, x, s.train_y[mine], index=mine if indexed else None,
+                                       validated=True).loss
+            except NonFiniteError as exc:   # the weights (or, through them, the activations) blew up
+                raise DivergenceError(f"Training diverged at epoch {epoch}, step {step + 1} ({exc}; rule "
+                                      f"{config.rule}, lr {config.lr}); last good checkpoint: {last_good}. Try "
+                                      "a smaller learning rate.") from None
+    loss = group.average_gradients(params, len(mine), len(idx), loss)
+    if indexed and group.distributed:   # every rank keeps every sample's state: share this step's rows
+        group.share_sample_state(s.rule, idx)
+    _check_loss(s, config, loss, epoch, step, last_good)
+    try:
+        s.optimizer.step()
+    except RuntimeError as exc:   # e.g. a learning rate that overflows the parameters' dtype
+        raise DivergenceError(f"The optimiser step failed at epoch {epoch}, step {step + 1} ({exc}); "
+                              f"learning rate {s.optimizer.param_groups[0]['lr']:g} is too large for "
+                              f"{next(s.model.parameters()).dtype}; last good checkpoint: {last_good}") from None
+    return loss
+
+
+def _check_loss(s: Setup, config: TrainConfig, loss: float, epoch: int, step: int, last_good: str) -> None:
+    """Raise :class:`DivergenceError` on a non-finite loss or one above ``divergence_factor`` × the run's first."""
+    if s.first_loss is None:
+        s.first_loss = loss
+    loss_ref = s.first_loss
+    if not math.isfinite(loss) or loss > config.divergence_factor * max(loss_ref, 1e-12):
+        raise DivergenceError(f"Training diverged: loss {loss:.3g} at epoch {epoch}, step {step + 1} "
+                              f"(first loss {loss_ref:.3g}; rule {config.rule}, lr {config.lr}); last good checkpoint: "
+                              f"{last_good}. Try a smaller learning rate.")
 
 
 @torch.no_grad()
