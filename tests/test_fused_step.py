@@ -2,10 +2,13 @@
 separate calls it replaces: ``rule.backward`` then ``torch.optim``'s ``step``."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from inferlearn.engine.compiled import compiling
+from inferlearn.errors import ConvergenceWarning
 from inferlearn.models import MLP
 from inferlearn.rules import make_rule
 from inferlearn.training.config import TrainConfig
@@ -30,19 +33,23 @@ def _batches(n=4, dtype=torch.float64):
 
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: f"{o['optimizer']}-m{o.get('momentum', 0)}-wd{o.get('weight_decay', 0)}")
 @pytest.mark.parametrize("rule, options", [("backprop", {}), ("backprop", {"loss": "cross-entropy"}),
-                                           ("fenchel-bp", {"beta": 0.5})])
+                                           ("fenchel-bp", {"beta": 0.5}), ("pc", {"steps": 6}),
+                                           ("pc", {"steps": 4, "output": "ce", "step_size": 0.2})])
 def test_fused_step_equals_backward_then_optimizer_step(opt, rule, options):
     """Four steps of each path from the same weights (float64, eager): the same weights, optimiser state and losses."""
     ref_model, ref_rule, ref_opt = _setup(opt, rule, options)
     model, rule_, optimizer = _setup(opt, rule, options)
     step = FusedTrainStep.make(rule_, model, optimizer)
     assert step is not None
-    with compiling("off"):
+    with compiling("off"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         for x, y in _batches():
             ref_opt.zero_grad(set_to_none=True)
             ref_loss = ref_rule.backward(ref_model, x, y).loss
             ref_opt.step()
             assert step(x, y) == pytest.approx(ref_loss, rel=1e-12)
+    messages = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert len(messages) % 2 == 0 and messages[::2] == messages[1::2]   # PC's verdict: the same warnings, once each
     for p, q in zip(ref_model.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-10, atol=1e-12)
     for p, q in zip(ref_model.parameters(), model.parameters()):   # the state torch.optim resumes from
@@ -56,7 +63,8 @@ def test_fused_step_applies_only_where_it_computes_the_same_update():
     model, rule, opt = _setup(dict(optimizer="sgd", lr=0.1))
     assert FusedTrainStep.make(rule, model, opt) is not None
     assert FusedTrainStep.make(rule, model, opt, distributed=True) is None   # gradients averaged before the step
-    assert FusedTrainStep.make(make_rule("pc", {}), model, opt) is None
+    assert FusedTrainStep.make(make_rule("pc", {"tol": 1e-3}), model, opt) is None   # stops on the host
+    assert FusedTrainStep.make(make_rule("pc", {"nudging": "symmetric"}), model, opt) is None
     assert FusedTrainStep.make(make_rule("backprop", {"fused": False}), model, opt) is None
     nesterov = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     amsgrad = torch.optim.Adam(model.parameters(), lr=0.1, amsgrad=True)
@@ -69,11 +77,12 @@ def test_fused_step_applies_only_where_it_computes_the_same_update():
     assert FusedTrainStep.make(rule, conv, torch.optim.SGD(conv.parameters(), lr=0.1)) is None
 
 
-def test_training_with_the_fused_step_equals_the_separate_calls(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rule", ["backprop", "pc"])
+def test_training_with_the_fused_step_equals_the_separate_calls(tmp_path, monkeypatch, rule):
     """The loop's fused path (forced on, run eagerly) trains the same run as the separate calls: a learning-rate
     schedule, the epoch's last partial batch (separate calls) and momentum state carried across epochs."""
     base = dict(data="digits", arch="64-16-10", epochs=3, batch_size=64, lr=0.05, optimizer="sgd", momentum=0.9,
-                lr_schedule="cosine", seed=2, dtype="float64")
+                lr_schedule="cosine", seed=2, dtype="float64", rule=rule)
     ref = train(TrainConfig(**base, out=str(tmp_path / "ref")), progress=False, log=None)
     calls = []
     real = FusedTrainStep.__call__
@@ -93,10 +102,12 @@ def test_training_with_the_fused_step_equals_the_separate_calls(tmp_path, monkey
 
 @pytest.mark.slow
 @pytest.mark.parametrize("opt", OPTIMIZERS[1:], ids=["sgd-momentum-wd", "adam", "adam-wd", "adamw"])
-def test_compiled_fused_step_equals_eager(opt):
+@pytest.mark.parametrize("rule", ["backprop", "pc"])
+def test_compiled_fused_step_equals_eager(opt, rule):
     """torch.compile of the whole step (float32) against the eager separate calls, to 1e-6."""
-    ref_model, ref_rule, ref_opt = _setup(opt, dtype=torch.float32)
-    model, rule, optimizer = _setup(opt, dtype=torch.float32)
+    options = {"steps": 20, "step_size": 0.3} if rule == "pc" else {}
+    ref_model, ref_rule, ref_opt = _setup(opt, rule, options, dtype=torch.float32)
+    model, rule, optimizer = _setup(opt, rule, options, dtype=torch.float32)
     step = FusedTrainStep.make(rule, model, optimizer)
     with compiling("on"):
         assert step.active(torch.device("cpu"))

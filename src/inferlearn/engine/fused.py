@@ -11,6 +11,7 @@ generic paths in float64 (``tests/test_engine_generic.py``).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -147,15 +148,13 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
         ``(grads, output, hidden, steps_done, last_move, first_move, layers, floor, summary)`` (``layers`` and
         ``floor``, the :func:`~inferlearn.engine.solvers.residual_floor` of the value nodes, ``None`` when ``tol``
         stopped the steps early; ``summary``: ``(loss, total)`` of the whole-batch call, see
-        :func:`_pc_inference`, ``None`` with ``tol``).
+        :func:`pc_inference`, ``None`` with ``tol``).
     """
     Ws = [l.linear.weight for l in chain.links]
     bs = [l.linear.bias for l in chain.links]
-    units = [l.units for l in chain.links[:-1]]
     L, B = len(Ws), x.shape[0]
     x = x.reshape(B, -1)
-    lin = tuple([u.is_linear for u in units] + [True])
-    bounds = tuple(u.clamp_bounds(x) for u in units)
+    lin, bounds = pc_constants(chain, x)
     n = L - 1
     if tol is None and steps > 0:   # fixed steps: the whole inference in one (possibly compiled) call
         grads, out, hidden, s1, sT, summary = PC_INFERENCE(x, target, Ws, bs, lin, bounds, steps, eta, precision,
@@ -163,10 +162,8 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
         if s1 is None:
             loss, total = summary.tolist()
             return grads, out, hidden, steps, 0.0, 0.0, [], residual_floor_of(0.0, x.dtype), (loss, total)
-        stats = torch.cat([s1, sT, summary]).tolist()   # the one synchronisation of the batch
-        first, last, (loss, total) = stats[:len(s1)], stats[len(s1):-2], stats[-2:]
-        layers, floor = last_step_stats(last, eta, x.dtype)
-        return grads, out, hidden, steps, max(last[:n]), max(first[:n]), layers, floor, (loss, total)
+        move, first, layers, floor, summary = pc_batch_stats(torch.cat([s1, sT, summary]).tolist(), n, eta, x.dtype)
+        return grads, out, hidden, steps, move, first, layers, floor, summary
     a1, mu1, m1, hidden, out = _pc_forward(x, Ws, bs, lin, bounds)
     Wts = [W.t() for W in Ws]
     it, move, first, layers, floor = 0, math.inf, None, None, None
@@ -183,6 +180,41 @@ def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor,
                 break
     grads = _pc_grads(x, hidden, target, a1, Ws, bs, lin, bounds, precision, output)
     return grads, out, hidden, it, move, first, layers, floor, None
+
+
+def pc_batch_stats(stats: list[float], n: int, eta: float, dtype: torch.dtype) -> tuple:
+    """Read the statistics of a whole-batch predictive-coding call (``[stats_1, stats_T, loss, total]`` as floats,
+    one synchronisation; ``n`` hidden layers): ``(r_T, r_0, layers, floor, (loss, total))``, see
+    :func:`dense_predictive_coding`."""
+    first, last, summary = stats[:n], stats[n:-2], tuple(stats[-2:])
+    layers, floor = last_step_stats(last, eta, dtype)
+    return max(last[:n]), max(first), layers, floor, summary
+
+
+def pc_constants(chain: Chain, like: torch.Tensor) -> tuple:
+    """``(lin, bounds)`` of a dense chain's hidden units for :func:`pc_inference` (bounds cast to ``like``)."""
+    units = [l.units for l in chain.links[:-1]]
+    return tuple([u.is_linear for u in units] + [True]), tuple(u.clamp_bounds(like) for u in units)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DensePlan:
+    """How a rule computes a dense chain's gradient as one pure call, for the training loop's fused step
+    (:mod:`inferlearn.training.fused_step`, which adds the optimiser's update to the same compiled call).
+
+    Attributes:
+        chain: the dense chain.
+        gradient: ``"bp"`` (:func:`bp_step`: ``constants = (units, loss, local backward, its constants)``) or
+            ``"pc"`` (:func:`pc_inference`: ``constants = (lin, bounds, steps, η, π, output)``).
+        constants: the call's constants.
+        finish: host-side reading of a ``"pc"`` call's statistics (their floats), returning the batch's loss;
+            it issues the rule's verdict and warnings, and raises on non-finite value nodes or gradients.
+    """
+
+    chain: Chain
+    gradient: str
+    constants: tuple
+    finish: Callable | None = None
 
 
 def _pc_forward(x: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple):
@@ -224,7 +256,7 @@ def _pc_grads(x: torch.Tensor, hidden: list, target: torch.Tensor, a1: torch.Ten
     return grads
 
 
-def _pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple,
+def pc_inference(x: torch.Tensor, target: torch.Tensor, Ws: list, bs: list, lin: tuple, bounds: tuple,
                   steps: int, eta: float, precision: float, output: str = "se"):
     """A whole batch of predictive coding as one pure function (forward pass, ``steps`` simultaneous steps,
     envelope gradient), so that one compiled call runs it: ``(grads, output, hidden, stats_1, stats_T, summary)``,
@@ -288,4 +320,4 @@ def _pc_step(hidden: list, x: torch.Tensor, target: torch.Tensor, mu1: torch.Ten
 
 
 PC_STEP = CompiledStep(_pc_step, "the predictive-coding step")
-PC_INFERENCE = CompiledStep(_pc_inference, "the predictive-coding inference of a batch", whole_batch=True)
+PC_INFERENCE = CompiledStep(pc_inference, "the predictive-coding inference of a batch", whole_batch=True)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..engine.chain import dense_chain
-from ..engine.fused import dense_backward
+from ..engine.fused import DensePlan, dense_backward
 from ..losses import check_loss, output_loss
 from ..units import UnitSet
 from .base import Rule, StepInfo, register_rule
@@ -48,17 +48,16 @@ class BackProp(Rule):
     def __post_init__(self) -> None:
         check_loss(self.loss)
 
-    def dense_plan(self, model: nn.Module) -> tuple | None:
-        """``(chain, loss, local backward)`` of the fused dense backward
-        (:func:`~inferlearn.engine.fused.dense_backward`) when it applies to ``model``, else ``None``."""
+    def dense_plan(self, model: nn.Module) -> DensePlan | None:
+        """The fused dense backward (:func:`~inferlearn.engine.fused.dense_backward`) when it applies to ``model``:
+        ``constants = (loss, local backward)``; else ``None``."""
         chain = dense_chain(model) if self.fused else None
-        return None if chain is None else (chain, self.loss, _derivative_mask)
+        return None if chain is None else DensePlan(chain, "bp", (self.loss, _derivative_mask))
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         plan = self.dense_plan(model)
         if plan is not None:
-            chain, loss_name, local = plan
-            loss, out = dense_backward(chain, x, labels, loss_name, local)
+            loss, out = dense_backward(plan.chain, x, labels, *plan.constants)
             return StepInfo(loss=loss, output=out)
         with torch.enable_grad():
             output = model(x)

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from ..engine.chain import dense_chain, model_chain
-from ..engine.fused import dense_backward
+from ..engine.fused import DensePlan, dense_backward
 from ..engine.phases import check_beta
 from ..losses import check_loss, output_loss
 from ..units import Clamp, UnitSet
@@ -278,23 +278,22 @@ class FenchelBackProp(Rule):
                 raise ValueError(f"Invalid beta_ratio: {self.beta_ratio:g} (β·r^(k−1) overflows)") from None
         return None
 
-    def dense_plan(self, model: nn.Module) -> tuple | None:
-        """``(chain, loss, local backward)`` of the fused dense backward
-        (:func:`~inferlearn.engine.fused.dense_backward`) when ``model`` is a dense chain, else ``None``."""
+    def dense_plan(self, model: nn.Module) -> DensePlan | None:
+        """The fused dense backward (:func:`~inferlearn.engine.fused.dense_backward`) when ``model`` is a dense
+        chain: ``constants = (loss, local backward)``; else ``None``."""
         chain = dense_chain(model)
         if chain is None:
             return None
         betas = self.layer_betas(chain.depth - 1) if self._betas is not None or self.beta_ratio is not None else None
         local = (partial(_fenchel_local, beta=self.beta) if betas is None
                  else [partial(_fenchel_local, beta=b) for b in betas])
-        return chain, self.loss, local
+        return DensePlan(chain, "bp", (self.loss, local))
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         plan = self.dense_plan(model)
         layerwise = self._betas is not None or self.beta_ratio is not None
         if plan is not None:
-            chain, loss_name, local = plan
-            loss, out = dense_backward(chain, x, labels, loss_name, local)
+            loss, out = dense_backward(plan.chain, x, labels, *plan.constants)
             return StepInfo(loss=loss, output=out)
         graph = _functional_graph(model, x)
         if graph is not None:   # activations called as functions: convert the traced graph's nodes instead

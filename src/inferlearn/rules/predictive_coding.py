@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
-from ..engine.fused import accumulate_dense_grads, dense_predictive_coding
+from ..engine.fused import DensePlan, accumulate_dense_grads, dense_predictive_coding, pc_batch_stats, pc_constants
 from ..engine.layered import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
 from ..engine.phases import NUDGINGS, check_beta, nudged_phases
 from ..engine.solvers import GradientSteps, OptimizerSteps, residual_floor
@@ -201,6 +201,30 @@ class PredictiveCoding(Rule):
         ``converged`` and ``far`` (see the class docstring).
         """
         return self._clamped(*self._chain(model, x), x, target)
+
+    def dense_plan(self, model: nn.Module) -> DensePlan | None:
+        """The whole-batch fused inference (:func:`~inferlearn.engine.fused.dense_predictive_coding`: a dense chain,
+        clamped output, plain steps, a fixed number of them) when it applies to ``model``, else ``None``."""
+        try:
+            chain, fused = self._chain(model, None)
+        except ValueError:
+            return None
+        if not fused or self.tol is not None or not self.steps or chain.depth < 2:
+            return None
+        lin, bounds = pc_constants(chain, chain.links[0].linear.weight)
+        return DensePlan(chain, "pc", (lin, bounds, self.steps, self.step_size, self.output_weight, self.output),
+                         finish=lambda stats: self._fused_finish(chain, stats))
+
+    def _fused_finish(self, chain: Chain, stats: list[float]) -> float:
+        """The verdict, warnings and finiteness check of a whole-batch call from its statistics (``stats``:
+        :func:`~inferlearn.engine.fused.pc_batch_stats`' input); returns the batch's loss."""
+        move, first, layers, floor, (loss, total) = pc_batch_stats(stats, chain.depth - 1, self.step_size,
+                                                                   chain.links[0].linear.weight.dtype)
+        self._solver.report(self.steps, move, first, layers, floor)
+        if not math.isfinite(total):
+            raise NonFiniteError(f"{self.name}: inference diverged (non-finite value nodes or gradients after "
+                                 f"{self.steps} steps); lower step_size (now {self.step_size:g})")
+        return loss
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
         chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)

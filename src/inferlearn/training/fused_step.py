@@ -1,12 +1,14 @@
-"""One compiled call per mini-batch for back-propagation on a dense chain: forward, backward and the update.
+"""One compiled call per mini-batch on a dense chain: a rule's whole-batch gradient and the optimiser's update.
 
-On a small MLP a back-propagation step is a dozen matrix products; eager PyTorch spends most of the
-batch dispatching operations one by one, in the rule and in the optimiser's ``step``. When compilation is
-active for whole-batch graphs (:mod:`inferlearn.engine.compiled`: ``--compile on``, or ``auto`` on a CUDA
-device or for a long CPU run), the training loop replaces ``rule.backward`` + ``optimizer.step`` by one
-:class:`~inferlearn.engine.compiled.CompiledStep` of :func:`_bp_update`::
+On a small MLP a back-propagation step is a dozen matrix products and a batch of predictive coding a
+few dozen; eager PyTorch spends much of the batch dispatching operations one by one, in the rule and in
+the optimiser's ``step``. When compilation is active for whole-batch graphs (:mod:`inferlearn.engine.compiled`:
+``--compile on``, or ``auto`` on a CUDA device or for a long CPU run), the training loop replaces
+``rule.backward`` + ``optimizer.step`` by one :class:`~inferlearn.engine.compiled.CompiledStep` of
+:func:`_fused_update`::
 
-    (loss, ∇θ) = bp_step(x, y)                      the fused dense backward (engine/fused.py)
+    (loss, ∇θ) = gradient(x, y)                     the rule's plan (engine/fused.py DensePlan): back-propagation's
+                                                    fused backward, or predictive coding's whole inference
     θ ← update(θ, ∇θ, optimizer state, lr)          torch.optim's functional SGD / Adam / AdamW
 
 The update is PyTorch's own functional form of the optimiser (``torch.optim.sgd.sgd``,
@@ -14,12 +16,14 @@ The update is PyTorch's own functional form of the optimiser (``torch.optim.sgd.
 ``exp_avg``, ``exp_avg_sq``), so checkpoints, resuming and a switch between the two paths see one
 optimiser. The learning rate enters as a 0-d tensor: a schedule changes it without recompiling.
 
-It applies to :class:`~inferlearn.rules.backprop.BackProp` and
-:class:`~inferlearn.rules.fenchel.FenchelBackProp` on a dense chain (their ``dense_plan``), one parameter
-group holding exactly the chain's parameters (all trainable), SGD without dampening or Nesterov momentum, or
-Adam/AdamW without AMSGrad, nothing maximised, and a single process (data-parallel runs average the
-gradients between the backward and the step). Anything else keeps the two calls. Eager and compiled agree
-to rounding (``tests/test_fused_step.py``); the speed is measured in ``benchmarks/peers/``.
+It applies where a rule has a ``dense_plan`` for the model (:class:`~inferlearn.rules.backprop.BackProp`,
+:class:`~inferlearn.rules.fenchel.FenchelBackProp`, and :class:`~inferlearn.rules.predictive_coding.PredictiveCoding`
+with a clamped output, plain steps and no ``tol``, on a dense chain), one parameter group holding exactly the
+chain's parameters (all trainable), SGD without dampening or Nesterov momentum, or Adam/AdamW without AMSGrad,
+nothing maximised, and a single process (data-parallel runs average the gradients between the backward and
+the step). Anything else keeps the two calls. Predictive coding's verdict and warnings are read from the
+call's statistics afterwards, as in the separate call. Eager and compiled agree to rounding
+(``tests/test_fused_step.py``); the speed is measured in ``benchmarks/peers/``.
 """
 from __future__ import annotations
 
@@ -28,11 +32,12 @@ from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
 from ..engine.compiled import CompiledStep
-from ..engine.fused import bp_step, bp_step_arguments
+from ..engine.fused import DensePlan, pc_inference, bp_step, bp_step_arguments
 
 
-def _bp_update(x, labels, params, biased, units, loss, local, kw, state, lr, kind, hyper):
-    """The fused back-propagation step and the optimiser's update of ``params`` (in place); returns the loss.
+def _fused_update(x, labels, params, biased, gradient, constants, state, lr, kind, hyper):
+    """A rule's whole-batch gradient (:class:`~inferlearn.engine.fused.DensePlan`) and the optimiser's update of
+    ``params`` (in place) as one pure function; returns the loss (``"bp"``) or the call's statistics (``"pc"``).
 
     ``params`` are ``[W_0, b_0, W_1, …]`` (``biased[k]``: layer ``k`` has a bias), ``state`` the optimiser's
     per-parameter tensors, ``hyper`` its constants. The one-hot targets are built here, from labels the
@@ -42,7 +47,12 @@ def _bp_update(x, labels, params, biased, units, loss, local, kw, state, lr, kin
         Ws.append(next(it))
         bs.append(next(it) if has_bias else None)
     y = torch.zeros(x.shape[0], Ws[-1].shape[0], dtype=x.dtype, device=x.device).scatter_(1, labels.long()[:, None], 1.0)
-    value, _, grads = bp_step(x, labels, y, Ws, bs, units, loss, local, kw)
+    if gradient == "bp":
+        value, _, grads = bp_step(x, labels, y, Ws, bs, *constants)
+        out = value
+    else:
+        grads, _, _, s1, sT, summary = pc_inference(x, y, Ws, bs, *constants)
+        out = torch.cat([s1, sT, summary])
     grads = [g for (gw, gb), has_bias in zip(grads, biased) for g in ((gw, gb) if has_bias else (gw,))]
     weight_decay = hyper[0]
     if weight_decay and not (kind == "adam" and hyper[-1]):
@@ -58,10 +68,10 @@ def _bp_update(x, labels, params, biased, units, loss, local, kw, state, lr, kin
         _, beta1, beta2, eps, decoupled = hyper
         adam(params, grads, state[0], state[1], [], state[2], foreach=False, decoupled_weight_decay=decoupled,
              amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps, maximize=False)
-    return value
+    return out
 
 
-BP_UPDATE = CompiledStep(_bp_update, "the back-propagation training step", whole_batch=True)
+FUSED_UPDATE = CompiledStep(_fused_update, "the fused training step", whole_batch=True)
 
 
 class FusedTrainStep:
@@ -71,9 +81,16 @@ class FusedTrainStep:
     :meth:`active` (compilation on for the batch's device), and the separate calls otherwise.
     """
 
-    def __init__(self, plan: tuple, optimizer: torch.optim.Optimizer, kind: str):
-        chain, self.loss, local = plan
-        Ws, bs, self.units, self.local, self.kw = bp_step_arguments(chain, local)
+    def __init__(self, plan: DensePlan, optimizer: torch.optim.Optimizer, kind: str):
+        self.plan = plan
+        Ws = [link.linear.weight for link in plan.chain.links]
+        bs = [link.linear.bias for link in plan.chain.links]
+        if plan.gradient == "bp":   # (loss, local backward) → bp_step's (units, loss, local, its constants)
+            loss, local = plan.constants
+            _, _, units, func, kw = bp_step_arguments(plan.chain, local)
+            self.constants = (units, loss, func, kw)
+        else:
+            self.constants = plan.constants
         self.optimizer, self.kind, self.group = optimizer, kind, optimizer.param_groups[0]
         self.biased = tuple(b is not None for b in bs)
         self.params = [t for pair in zip(Ws, bs) for t in pair if t is not None]
@@ -105,7 +122,7 @@ class FusedTrainStep:
 
     def active(self, device: torch.device) -> bool:
         """Whether the step runs compiled on ``device`` (otherwise the loop keeps the separate calls)."""
-        return BP_UPDATE.active(device)
+        return FUSED_UPDATE.active(device)
 
     def _state(self) -> tuple:
         """The optimiser's per-parameter tensors (created as torch.optim creates them on its first step). Both
@@ -147,9 +164,9 @@ class FusedTrainStep:
         lr = float(self.group["lr"])
         if float(self._lr) != lr:
             self._lr.fill_(lr)
-        value = BP_UPDATE(x.reshape(x.shape[0], -1), labels, self.params, self.biased, self.units, self.loss,
-                          self.local, self.kw, self._state(), self._lr, self.kind, self._hyper())
-        return float(value)
+        out = FUSED_UPDATE(x.reshape(x.shape[0], -1), labels, self.params, self.biased, self.plan.gradient,
+                           self.constants, self._state(), self._lr, self.kind, self._hyper())
+        return float(out) if self.plan.finish is None else self.plan.finish(out.tolist())
 
 
-__all__ = ["FusedTrainStep", "BP_UPDATE"]
+__all__ = ["FusedTrainStep", "FUSED_UPDATE"]
