@@ -122,9 +122,9 @@ def test_train_records_compile_option(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("threshold,expect", [(1, True), (10 ** 9, False)])
 def test_auto_compiles_the_whole_batch_pc_graph_on_cpu_only_for_long_runs(tmp_path, monkeypatch, threshold, expect):
-    """``auto`` on CPU: the training loop declares its planned mini-batches and only predictive coding's
-    whole-batch graph is compiled, only above the threshold (torch.compile stubbed by the identity: the
-    decision, not the compiler, is under test)."""
+    """``auto`` on CPU: the training loop declares its planned mini-batches and only the whole-batch graph (the
+    fused training step: predictive coding's whole inference and the optimiser's update) is compiled, only above
+    the threshold (torch.compile stubbed by the identity: the decision, not the compiler, is under test)."""
     from inferlearn.training.loop import train
 
     names = []
@@ -139,7 +139,7 @@ def test_auto_compiles_the_whole_batch_pc_graph_on_cpu_only_for_long_runs(tmp_pa
     cfg = TrainConfig(data="digits", arch="64-16-10", rule="pc", epochs=1, batch_size=50, limit_train=120,
                       compile="auto", out=str(tmp_path / "run"))
     train(cfg, progress=False, log=None)
-    assert names == (["pc_inference"] if expect else [])
+    assert names == (["_fused_update"] if expect else [])
     C.reset_compile_state(graphs=True)
 
 
