@@ -110,3 +110,15 @@ def test_argmin_layer_input_of_the_wrong_width():
     layer = ArgminLayer(LeastSquaresEnergy(torch.randn(5, 3)), Box.nonnegative())
     with pytest.raises(ValueError, match=r"inputs of shapes \(4, 6\) do not fit its energy LeastSquaresEnergy"):
         layer(torch.randn(4, 6))
+
+
+@pytest.mark.parametrize("name, options", [("contrastive", {"gamma": 1e-81}), ("eqprop", {"gamma": 1e-30, "beta": 1e-20})])
+def test_two_phase_signal_below_the_dtype_is_refused(name, options):
+    """Found by the options property test: γ^(L-1) below float32's smallest normal gave inf/NaN gradients silently.
+    Refused in float32 with the fix; in float64 the same signal is representable and the gradients are finite."""
+    x, labels = torch.rand(4, 6), torch.tensor([0, 1, 2, 0])
+    with pytest.raises(ValueError, match=r"Invalid gamma: .* underflows float32 .*float64"):
+        make_rule(name, options).backward(MLP("6-5-3", "relu", seed=0), x, labels)
+    model = MLP("6-5-3", "relu", seed=0).double()
+    make_rule(name, options).backward(model, x.double(), labels)   # the differential phases resolve it
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())

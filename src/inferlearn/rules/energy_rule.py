@@ -120,7 +120,19 @@ class LiftedEnergyRule(Rule):
         return energy, x, one_hot(labels, energy.sizes[-1], x.dtype)
 
     def differential(self, fused: bool, depth: int, dtype: torch.dtype, beta: float | None = None) -> bool:
-        """Whether to solve the second phase differentially (``phases``; see the class docstring)."""
+        """Whether to solve the second phase differentially (``phases``; see the class docstring).
+
+        Raises:
+            ValueError: the two-phase signal ``γ^{L-1}`` (``β γ^{L-1}``), by which the gradient is divided, is below
+                ``dtype``'s smallest normal number: the phases' term weights underflow and the gradient is inf or NaN.
+        """
+        signal = self.gamma ** (depth - 1) * (1.0 if beta is None else beta)
+        if signal < torch.finfo(dtype).tiny:
+            what = (f"gamma^(L-1) = {self.gamma:.3g}^{depth - 1}" if beta is None
+                    else f"beta * gamma^(L-1) = {beta:.3g} * {self.gamma:.3g}^{depth - 1}")
+            raise ValueError(f"Invalid gamma: {what} = {signal:.3g} underflows {str(dtype).replace('torch.', '')} "
+                             f"(smallest normal {torch.finfo(dtype).tiny:.3g}), so the gradient divided by it is not "
+                             "finite; use a larger gamma, fewer layers, or float64 (--dtype float64)")
         if self.phases == "differential":
             if not fused:
                 raise ValueError("phases='differential' runs on the fused engine (dense chains: Linear layers with box "
@@ -128,7 +140,6 @@ class LiftedEnergyRule(Rule):
             return True
         if self.phases == "direct" or not fused:
             return False
-        signal = self.gamma ** (depth - 1) * (1.0 if beta is None else beta)
         tol = getattr(self._solver, "tol", None)
         return signal < DIFFERENTIAL_BELOW_EPS * torch.finfo(dtype).eps or (tol is not None and signal < 10 * tol)
 
