@@ -138,6 +138,9 @@ def test_interrupted_benchmark_resumes_to_the_same_accuracies(bench, spec, tmp_p
     assert rc == 130 and "run the same command again" in err
     half = out / "final" / "bp" / "seed1"   # the fourth run: bp's search (2), then its finals
     assert len(_metrics(half)) == 1
+    partial = json.loads((out / "results.json").read_text())   # bp's row with its one finished seed
+    assert partial["running"] == "bp" and not partial["complete"] and partial["variants"][0]["n_seeds"] == 1
+    assert "0 of 3 variants so far, and `bp` with the seeds finished so far" in (out / "results.md").read_text()
     first_epoch = (half / "metrics.jsonl").read_text()
     monkeypatch.setattr(loop, "run_epoch", real)
     rc, stdout, err = _cli("benchmark", str(spec), "--budget", "full", "--seeds", "3", "--out", str(out), "--quiet")

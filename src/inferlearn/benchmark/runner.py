@@ -311,6 +311,9 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
             _note(say, {"kind": "final", "variant": v.name, "point": row["chosen"], "seed": k}, res,
                   f"test {final['test_acc']:.4f}" if "test_acc" in final else "diverged")
             bar.update(1)
+            if k + 1 < settings.seeds:   # the seeds so far, in case the benchmark stops before the last
+                _summarise(row)
+                _write(protocol, settings, command, rows, running=v.name)
         if row["chosen"] is not None:
             _summarise(row)
         if len(rows) < len(protocol.variants):   # the variants so far, in case the benchmark stops here
@@ -319,13 +322,15 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
     return _write(protocol, settings, command, rows)
 
 
-def _write(protocol: Protocol, settings: Settings, command: str, rows: list[dict]) -> dict:
-    """Write ``results.json``, ``results.md`` and ``results.png`` for the variants in ``rows``."""
+def _write(protocol: Protocol, settings: Settings, command: str, rows: list[dict], running: str | None = None) -> dict:
+    """Write ``results.json``, ``results.md`` and ``results.png`` for the variants in ``rows`` (``running``: the
+    variant whose final runs are under way; its row holds the seeds so far)."""
     with warnings.catch_warnings():   # an unverified copy: the runs warned, and the data line says so
         warnings.simplefilter("ignore")
         data = load_dataset(protocol.data, settings.data_dir, allow_unverified=settings.allow_unverified)
     results = _results(protocol, settings, command, rows, data_line(data))
-    results["complete"] = len(rows) == len(protocol.variants)
+    results["complete"] = len(rows) == len(protocol.variants) and running is None
+    results["running"] = running
     write_json(results, Path(settings.out) / "results.json")
     write_text(format_results(protocol, settings, results), Path(settings.out) / "results.md")
     _plot(results, Path(settings.out) / "results.png")
@@ -371,8 +376,11 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
     """The results as Markdown: the header (budget, data copy, command), the table, then the notes."""
     lines = header(protocol, settings, results["command"], results["data"])
     if not results.get("complete", True):
-        lines += [f"**Partial:** {len(results['variants'])} of {len(protocol.variants)} variants so far; rerun the "
-                  "command to continue.", ""]
+        running = results.get("running")
+        done = len(results["variants"]) - (running is not None)
+        lines += [f"**Partial:** {done} of {len(protocol.variants)} variants so far"
+                  + (f", and `{running}` with the seeds finished so far (its seed count says how many)" if running else "")
+                  + "; rerun the command to continue.", ""]
     lines += ["| variant | rule, options | chosen | search val acc % | test acc % (mean ± std, seeds) | "
               "epoch time (median) | time / BP | published |", "|---|---|---|---|---|---|---|---|"]
     for r in results["variants"]:
