@@ -399,7 +399,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         notes=("VGG-5 uses max pooling, which the lifted energies (contrastive, EqProp, LPOM) cannot read: those rows "
                "are skipped with the rule's reason. EqProp runs instead on VGG-5 with average pooling (a linear map the "
                "lifted energy reads), beside BP on that model: the linearised cross-entropy nudge and BP's rate, "
-               "unsearched, since one EqProp run costs about 30-40 BP runs at the CPU budget. Inputs are standardised per channel and augmented (4-pixel crops, "
+               "unsearched, since one EqProp epoch costs tens of BP epochs at the CPU budget (the time column). Inputs are standardised per channel and augmented (4-pixel crops, "
                "flips), weights trained by AdamW (weight decay 5e-4) on a cosine schedule, as in PCX's recipe; the "
                "exact rates, decay and schedule are ours (searched or fixed here), not PCX's. Colour CIFAR-10 read with "
                "--allow-unverified is the lossy JPEG-derived development copy (the data line says which copy ran). "
