@@ -492,8 +492,9 @@ def markdown(results, meta) -> str:
         "*epoch (s)*: median over repeats of the time to train the timed samples (column *timed*), scaled to 60 000 "
         "samples (one epoch); compilation and evaluation excluded. *compile / warm-up (s)*: JAX's first call "
         "(trace + compile + one batch); for inferlearn its first batch in the process (*inferlearn compiled*, "
-        "`--compile on`: the first batch compiles the batch's graph — PC: the whole inference, forward pass, T steps "
-        "and weight gradient; BP: forward and backward — or loads it from inductor's on-disk cache). *floor (s)*: multiply-adds "
+        "`--compile on`: the first batch compiles the batch's graph, the fused training step: PC's whole inference — "
+        "forward pass, T steps, weight gradient — or BP's forward and backward, with the optimiser's update — or loads "
+        "it from inductor's on-disk cache). *floor (s)*: multiply-adds "
         "per epoch × 2 ÷ the measured matmul peak (1024×1024 float32 `torch.mm`, best of all repeats: "
         f"{peaks}; two cores: the better of the one- and two-thread peaks); BP 3F − F₀, PC 2F + 2T(F − F₀) per sample. *test acc*: after the timed samples "
         "(one epoch when *timed* is 60 000), first repeat, one core.", ""]
