@@ -154,6 +154,51 @@ def test_interrupted_benchmark_resumes_to_the_same_accuracies(bench, spec, tmp_p
             (b["chosen"], b.get("test_acc_mean"), b.get("test_acc_std"))
 
 
+def test_reuse_takes_recorded_runs_and_trains_only_the_rest(bench, spec, tmp_path):
+    """A results.json whose run folders are gone: --reuse gives the same rows without training them, trains the
+    seeds it lacks (a fourth seed here), and trains again a variant whose grid changed."""
+    changed = json.loads(spec.read_text())
+    changed["variants"][1]["search"]["rule.step_size"] = [0.05, 0.07]   # pc's grid changed: pc trains again
+    spec2 = tmp_path / "tiny.json"
+    spec2.write_text(json.dumps(changed))
+    saved = tmp_path / "saved.json"
+    saved.write_text((bench / "results.json").read_text())
+    out = tmp_path / "out"
+    rc, stdout, err = _cli("benchmark", str(spec2), "--budget", "full", "--seeds", "4", "--out", str(out),
+                           "--quiet", "--reuse", str(saved))
+    assert rc == 0, err
+    ref = {r["variant"]: r for r in json.loads(saved.read_text())["variants"]}
+    rows = {r["variant"]: r for r in json.loads((out / "results.json").read_text())["variants"]}
+    assert not (out / "search" / "bp").exists() and not (out / "final" / "bp" / "seed0").exists()
+    assert sorted(p.name for p in (out / "final" / "bp").iterdir()) == ["seed3"]   # only the missing seed trained
+    assert rows["bp"]["search"] == ref["bp"]["search"] and rows["bp"]["chosen"] == ref["bp"]["chosen"]
+    accs = [f["test_acc"] for f in ref["bp"]["finals"]] + [_metrics(out / "final" / "bp" / "seed3")[-1]["test_acc"]]
+    assert rows["bp"]["test_acc_mean"] == pytest.approx(np.mean(accs), abs=1e-12)
+    assert [f.get("reused", False) for f in rows["bp"]["finals"]] == [True, True, True, False]
+    assert (out / "search" / "pc" / "lr=0.1,rule.step_size=0.07").exists()   # pc's new grid: searched, trained
+    assert not any(f.get("reused") for f in rows["pc"]["finals"])
+    md = (out / "results.md").read_text()
+    assert "**Reused:** 3 final run(s)" in md and str(saved) in md
+    assert stdout.count("recorded in --reuse, not trained") == 2 + 3   # bp's two search points, three finals
+    rc, stdout, _ = _cli("benchmark", str(spec2), "--budget", "full", "--seeds", "4", "--out", str(tmp_path / "o2"),
+                         "--dry-run", "--reuse", str(saved))
+    assert rc == 0 and stdout.count("[reused from --reuse]") == 2 + 3
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "no such file"), ("{not json", "not a benchmark's results.json"),
+    ('{"variants": [], "protocol": "mlp-mnist", "budget_width": 1.0, "budget_epochs": 1.0}',
+     "holds the benchmark mlp-mnist"),
+])
+def test_reuse_of_a_bad_file_is_one_line(spec, tmp_path, content, fragment):
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    rc, _, err = _cli("benchmark", str(spec), "--budget", "full", "--out", str(tmp_path / "o"), "--reuse", str(path))
+    assert rc == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_dry_run_prints_the_plan_and_trains_nothing(spec, tmp_path):
     rc, stdout, err = _cli("benchmark", str(spec), "--budget", "full", "--seeds", "2", "--out", str(tmp_path / "o"),
                            "--dry-run")

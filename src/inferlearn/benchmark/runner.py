@@ -20,6 +20,11 @@ Every training run is an ordinary run folder of the one training loop (:func:`in
     OUT/final/<variant>/seed<k>/
     OUT/results.md, results.json, results.png   (rewritten after each variant, marked partial until the last)
 
+``--reuse RESULTS.json`` (:func:`load_reuse`) takes the search scores and final runs that an earlier ``results.json`` of
+the same protocol and budget records, for the variants whose rule, options and grid are unchanged, instead of training
+them again: a committed table whose run folders are gone is continued from it. Each reused final run keeps its folder's
+name and its epoch times (measured where it ran); the header counts the reused runs and names the file.
+
 A rerun of the same command skips the runs whose folders hold them finished (without rewriting a file:
 :func:`~inferlearn.training.loop.finished_history`), resumes an interrupted one from its last checkpoint, and
 so produces the same table from the same metrics. A diverged run leaves ``diverged.json`` in its folder and is
@@ -61,6 +66,7 @@ class Settings:
         data_dir, allow_unverified: where the data are read from (``TrainConfig``'s).
         threads: PyTorch intra-op threads (recorded in each run's config).
         compile: ``TrainConfig.compile``.
+        reuse: a ``results.json`` whose recorded runs are taken instead of trained (:func:`load_reuse`), or ``None``.
     """
 
     out: str
@@ -71,6 +77,7 @@ class Settings:
     allow_unverified: bool = False
     threads: int = 1
     compile: str = "auto"
+    reuse: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.seeds, int) and self.seeds >= 1):
@@ -135,13 +142,72 @@ def plan(protocol: Protocol, settings: Settings) -> list[dict]:
     return runs
 
 
+def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict[str, dict]:
+    """The rows of an earlier ``results.json`` that this benchmark can take instead of training them again.
+
+    The file must be of the same protocol and budget; a variant is taken only when its rule, options and search grid
+    equal the protocol's now (otherwise it trains again). Within a taken row, a search point counts when it records
+    all ``search_seeds`` seeds, a final run when the row chose the point the search chooses now.
+
+    Returns:
+        ``{variant name: its row}`` (empty for ``path=None``).
+
+    Raises:
+        ValueError: the file is missing, not a benchmark's ``results.json``, or of another protocol or budget.
+    """
+    if path is None:
+        return {}
+    file = Path(path)
+    try:
+        saved = json.loads(file.read_text())
+        rows, name = saved["variants"], saved["protocol"]
+        budget = (saved["budget_width"], saved["budget_epochs"])
+    except FileNotFoundError:
+        raise ValueError(f"--reuse {path}: no such file; give the results.json of an earlier run of this benchmark") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--reuse {path}: not a benchmark's results.json ({type(exc).__name__}: {exc}); give the "
+                         "results.json that `inferlearn benchmark` wrote") from None
+    if name != protocol.name or budget != (settings.budget.width, settings.budget.epochs):
+        raise ValueError(f"--reuse {path} holds the benchmark {name} at budget {saved.get('budget')}, not "
+                         f"{protocol.name} at {settings.budget.label}; give a results.json of this protocol and budget")
+    taken = {}
+    for row in rows:
+        try:
+            v = protocol.variant(row["variant"])
+        except (KeyError, ValueError):
+            continue
+        grid = [p for s in row.get("search", []) for p in [s["point"]]]
+        if (row.get("rule"), row.get("options")) == (v.rule, dict(v.options)) and grid == search_points(v):
+            taken[v.name] = row
+    return taken
+
+
+def reused_search(row: dict | None, point: dict, seeds: int) -> list | None:
+    """The recorded per-seed validation scores of ``point`` in a reused row (``None``: not recorded, train it)."""
+    for s in (row or {}).get("search", []):
+        if s["point"] == point and len(s["val_acc"]) == seeds:
+            return list(s["val_acc"])
+    return None
+
+
+def reused_final(row: dict | None, chosen: dict | None, seed: int) -> dict | None:
+    """The recorded final run of ``seed`` in a reused row that chose ``chosen`` (``None``: train it)."""
+    if row is None or row.get("chosen") != chosen:
+        return None
+    return next((dict(f) for f in row.get("finals", []) if f["seed"] == seed), None)
+
+
 def format_plan(protocol: Protocol, settings: Settings, command: str) -> str:
     """The plan as text (``--dry-run``): the header every output carries, then one line per run with its state."""
     lines = header(protocol, settings, command, data_line=f"`{protocol.data}` (read when the benchmark runs)")
+    reuse = load_reuse(settings.reuse, protocol, settings)
     for run in plan(protocol, settings):
         cfg = run["config"]
+        row = reuse.get(run["variant"])
+        recorded = (reused_search(row, run["point"], protocol.search_seeds) is not None if run["kind"] == "search"
+                    else row is not None and any(f["seed"] == run["seed"] for f in row.get("finals", [])))
         try:
-            state = "finished" if finished_history(cfg) is not None else (
+            state = "reused from --reuse" if recorded else "finished" if finished_history(cfg) is not None else (
                 "diverged" if (Path(cfg.out) / DIVERGED).exists() else
                 "interrupted: resumes" if (Path(cfg.out) / "config.json").exists() else "to run")
         except RunFolderError as exc:
@@ -242,6 +308,7 @@ def run_benchmark(protocol: Protocol, settings: Settings, command: str, progress
         RunFolderError: ``settings.out`` holds another benchmark, another run, or a run with other settings.
     """
     runs = plan(protocol, settings)   # every config is valid before the first run trains
+    load_reuse(settings.reuse, protocol, settings)   # and so is --reuse's file
     out = Path(settings.out)
     with RunFolder(out) as top:   # locked while the benchmark runs
         if top.holds_run():
@@ -268,9 +335,10 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
 
     bar = tqdm(total=len(runs), desc=f"benchmark {protocol.name}", unit="run", disable=not progress)
     say = (lambda m: tqdm.write(m)) if (log and progress) else log
-    rows = []
+    rows, reuse = [], load_reuse(settings.reuse, protocol, settings)
     for v in protocol.variants:
         mine = [r for r in runs if r["variant"] == v.name]
+        old = reuse.get(v.name)
         first = mine[0]["config"]
         reason = probe(first)
         row = {"variant": v.name, "label": v.label or v.name, "rule": v.rule, "options": dict(v.options),
@@ -285,7 +353,13 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
         scores = []
         for point in points:
             per_seed = []
-            for r in (r for r in mine if r["kind"] == "search" and r["point"] == point):
+            recorded = reused_search(old, point, protocol.search_seeds)
+            if recorded is not None:
+                per_seed = recorded
+                _note(say, {"kind": "search", "variant": v.name, "point": point, "seed": "all"}, {"reused": True},
+                      "val " + ", ".join("diverged" if x is None else f"{x:.4f}" for x in recorded))
+                bar.update(protocol.search_seeds)
+            for r in (r for r in mine if r["kind"] == "search" and r["point"] == point and recorded is None):
                 res = run_one(r["config"], progress, say)
                 per_seed.append(None if "diverged" in res else score(res["history"], protocol.select))
                 _note(say, r, res, f"val {per_seed[-1]:.4f}" if per_seed[-1] is not None else "diverged")
@@ -299,11 +373,15 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
             bar.update(settings.seeds)
         for k in range(settings.seeds if row["chosen"] is not None else 0):
             cfg = run_config(protocol, v, row["chosen"], k, False, settings)
-            res = run_one(cfg, progress, say)
-            final = {"seed": k, "folder": cfg.out}
+            final, res = reused_final(old, row["chosen"], k), {"reused": True}
+            if final is not None:
+                final["reused"] = True
+            else:
+                res = run_one(cfg, progress, say)
+                final = {"seed": k, "folder": cfg.out}
             if "diverged" in res:
                 final["diverged"] = res["diverged"]
-            else:
+            elif "history" in res:
                 final.update(test_acc=res["history"][-1]["test_acc"],
                              epoch_seconds=[h["epoch_seconds"] for h in res["history"]],
                              data_verified=all(h.get("data_verified", True) for h in res["history"]))
@@ -339,7 +417,8 @@ def _write(protocol: Protocol, settings: Settings, command: str, rows: list[dict
 
 def _note(say, run: dict, res: dict, what: str) -> None:
     if say:
-        done = "trained" if res["trained"] else "finished earlier, skipped"
+        done = ("recorded in --reuse, not trained" if res.get("reused") else
+                "trained" if res["trained"] else "finished earlier, skipped")
         say(f"{run['kind']} {run['variant']} {point_name(run['point'])} seed {run['seed']}: {what} ({done})")
 
 
@@ -365,6 +444,7 @@ def _results(protocol: Protocol, settings: Settings, command: str, rows: list[di
             "budget_width": settings.budget.width, "budget_epochs": settings.budget.epochs, "data": data,
             "device": settings.device, "command": command, "select": protocol.select, "seeds": settings.seeds,
             "val_size": protocol.val_size, "search_seeds": protocol.search_seeds, "baseline": protocol.baseline,
+            "reused_from": settings.reuse,
             "reference_source": protocol.source, "notes": protocol.notes, "variants": rows}
 
 
@@ -375,6 +455,11 @@ def _pct(x: float | None) -> str:
 def format_results(protocol: Protocol, settings: Settings, results: dict) -> str:
     """The results as Markdown: the header (budget, data copy, command), the table, then the notes."""
     lines = header(protocol, settings, results["command"], results["data"])
+    reused = [f for r in results["variants"] for f in r["finals"] if f.get("reused")]
+    if reused:
+        lines += [f"**Reused:** {len(reused)} final run(s) and their rows' search scores are those recorded in "
+                  f"`{results['reused_from']}` (an earlier run of this benchmark: their folders are not in this one, "
+                  "and their epoch times were measured there).", ""]
     if not results.get("complete", True):
         running = results.get("running")
         done = len(results["variants"]) - (running is not None)

@@ -24,6 +24,10 @@ def register(sub) -> None:
     p.add_argument("--allow-unverified", action="store_true",
                    help="read data files whose checksums differ from the published ones (e.g. the colour CIFAR-10 "
                         "development copy); every output says so")
+    p.add_argument("--reuse", default=None, metavar="RESULTS_JSON",
+                   help="take the search scores and final runs recorded in an earlier results.json of this protocol "
+                        "and budget instead of training them again (e.g. a committed table whose run folders are gone); "
+                        "variants whose rule, options or grid changed train again")
     p.add_argument("--list", action="store_true", help="list the protocols and exit")
     p.add_argument("--dry-run", action="store_true", help="print the plan (every run, its config and state) and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -62,7 +66,8 @@ def run(args) -> int:
     name = Path(args.protocol).stem if args.protocol not in PROTOCOLS else args.protocol
     out = args.out if args.out is not None else f"runs/benchmark/{name}-{budget.name.replace('/', '-')}"
     settings = Settings(out=out, budget=budget, seeds=args.seeds, device=device, data_dir=args.data_dir,
-                        allow_unverified=args.allow_unverified, threads=threads, compile=args.compile)
+                        allow_unverified=args.allow_unverified, threads=threads, compile=args.compile,
+                        reuse=args.reuse)
     command = "inferlearn " + shlex.join(getattr(args, "argv", None) or ["benchmark", args.protocol])
     if args.dry_run:
         print(format_plan(protocol, settings, command))
