@@ -77,6 +77,19 @@ def test_fused_step_applies_only_where_it_computes_the_same_update():
     assert FusedTrainStep.make(rule, conv, torch.optim.SGD(conv.parameters(), lr=0.1)) is None
 
 
+def test_a_schedule_after_fused_steps_alone_does_not_warn():
+    """An epoch of fused steps only (no partial batch) counts as the optimiser's steps for its schedule."""
+    model, rule, opt = _setup(dict(optimizer="sgd", lr=0.1))
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 3)
+    step = FusedTrainStep.make(rule, model, opt)
+    with compiling("off"):
+        for x, y in _batches(2):
+            step(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schedule.step()
+
+
 @pytest.mark.parametrize("rule", ["backprop", "pc"])
 def test_training_with_the_fused_step_equals_the_separate_calls(tmp_path, monkeypatch, rule):
     """The loop's fused path (forced on, run eagerly) trains the same run as the separate calls: a learning-rate

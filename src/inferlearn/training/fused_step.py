@@ -166,6 +166,9 @@ class FusedTrainStep:
             self._lr.fill_(lr)
         out = FUSED_UPDATE(x.reshape(x.shape[0], -1), labels, self.params, self.biased, self.plan.gradient,
                            self.constants, self._state(), self._lr, self.kind, self._hyper())
+        # the flag torch.optim's step sets for its schedulers: without it an epoch of fused steps alone makes
+        # lr_scheduler.step() warn that the optimiser never stepped
+        self.optimizer._opt_called = True
         return float(out) if self.plan.finish is None else self.plan.finish(out.tolist())
 
 
