@@ -461,7 +461,8 @@ def contrastive_problem(energy: LiftedEnergy, x: torch.Tensor, target: torch.Ten
 
 def contrastive_grads(energy: LiftedEnergy, zs: Sequence[torch.Tensor], scale: float,
                       pre: Sequence[torch.Tensor | None] | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``scale · Σ_i [∇_W E(ẑ^{(i)}) − ∇_W E(ž^{(i)})]`` for the stacked layers of :func:`contrastive_problem`.
+    """``scale · Σ_i [∇_W E(ẑ^{(i)}) − ∇_W E(ž^{(i)})]`` for the stacked layers of :func:`contrastive_problem`
+    (or of any two stacked copies of one batch: EqProp's two nudged phases).
 
     Equal to :meth:`LiftedEnergy.weight_grads` with coefficients ``−scale`` (free rows, first half)
     and ``+scale`` (clamped rows), but the first layer uses ``(a_1 − ẑ_1) − (a_1 − ž_1) = ž_1 − ẑ_1``

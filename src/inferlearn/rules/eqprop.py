@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.dense import LiftedEnergy, LiftedProblem
+from ..engine.dense import LiftedEnergy, LiftedProblem, contrastive_grads
 from ..engine.differential import difference_grads, solve_difference
 from ..engine.fused import accumulate_dense_grads
 from ..engine.layered import LayeredProblem
@@ -55,9 +55,11 @@ from .base import StepInfo, register_rule
 from .energy_rule import LiftedEnergyRule, info_extras
 
 
-def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor, beta: float, copies: int) -> LiftedProblem:
-    """A nudged dense problem over ``copies`` stacked copies of the batch sharing one ``a_1 = W_0 x + b_0``."""
-    a1 = energy.pre(1, x)
+def _stacked_problem(energy: LiftedEnergy, x: torch.Tensor, nudge: torch.Tensor, beta: float, copies: int,
+                     a1: torch.Tensor | None = None) -> LiftedProblem:
+    """A nudged dense problem over ``copies`` stacked copies of the batch sharing one ``a_1 = W_0 x + b_0`` (the
+    free problem's, when given)."""
+    a1 = energy.pre(1, x) if a1 is None else a1
     return LiftedProblem(energy, torch.cat([x] * copies), nudge=nudge, beta=beta, check=False,
                          a1=torch.cat([a1] * copies))
 
@@ -199,15 +201,16 @@ class EquilibriumPropagation(LiftedEnergyRule):
             return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
         solver, extras = self.phase_solver(L, self.beta), {}
         if self.nudging == "symmetric":
-            problem = _stacked_problem(energy, x, torch.cat([g, -g]), self.beta * wL, 2)
+            problem = _stacked_problem(energy, x, torch.cat([g, -g]), self.beta * wL, 2, a1=free.a1)
             hidden, info = solver.solve(problem, init=[torch.cat([h, h]) for h in h_free])
             if self.nudge == "loss":
                 signs = torch.cat([torch.ones(B, 1, dtype=x.dtype, device=x.device), -torch.ones(B, 1, dtype=x.dtype,
                                                                                                    device=x.device)])
                 problem, hidden, info, extras["nudge_rounds"] = relinearised_phases(
                     solver, problem, hidden, info, signs, torch.cat([labels, labels]), self.loss, self.on_fail)
-            ones = torch.ones(B, dtype=x.dtype, device=x.device)
-            grads = energy.weight_grads(problem.full(hidden), torch.cat([ones, -ones]) * (0.5 * scale))
+            # ½·scale·Σ[∇E(z⁺) − ∇E(z⁻)]: the two halves share x, so the first layer's term is one product over B
+            # rows, (z₁⁻ − z₁⁺) xᵀ, and the solver's pre-activations are reused (contrastive_grads)
+            grads = contrastive_grads(energy, problem.full(hidden), -0.5 * scale, problem.pre_of(hidden))
         else:
             sign = 1.0 if self.nudging == "positive" else -1.0
             problem = _stacked_problem(energy, x, g, sign * self.beta * wL, 1)
