@@ -44,7 +44,7 @@ import numpy as np
 
 from ..atomic import write_json, write_text
 from ..data import load_dataset
-from ..errors import ConvergenceError, DivergenceError, RunFolderError
+from ..errors import ConvergenceError, DivergenceError, RunFolderError, UnverifiedDataWarning
 from ..training.config import TrainConfig
 from ..training.loop import build, finished_history, train
 from ..training.run_folder import RunFolder
@@ -253,7 +253,9 @@ def data_line(data) -> str:
 def probe(config: TrainConfig) -> str | None:
     """``None`` when the rule runs one step on the model (two training images, on the CPU), else the rule's
     one-line reason for refusing it."""
-    setup = build(config.replace(device="cpu", compile="off"))
+    with warnings.catch_warnings():   # the runs themselves say that the copy is unverified
+        warnings.simplefilter("ignore", UnverifiedDataWarning)
+        setup = build(config.replace(device="cpu", compile="off"))
     try:
         setup.rule.backward(setup.model, setup.train_x[:2], setup.train_y[:2])
     except ValueError as exc:
