@@ -219,7 +219,10 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     for step in bar:
         idx = order[step * config.batch_size:(step + 1) * config.batch_size]
         mine = group.shard(idx)
-        x = s.train_x[mine]
+        # index_select, not train_x[mine]: advanced indexing costs several times more (about 80 against 13 µs for
+        # 50 MNIST rows), a visible share of a small network's step; it keeps a channels-last layout, though
+        x = s.train_x.index_select(0, mine) if s.train_x.is_contiguous() else s.train_x[mine]
+        y = s.train_y.index_select(0, mine)
         if s.augment is not None:   # drawn for the global batch, so every rank draws the same numbers
             dy, dx, flip = s.augment.draw(len(idx))
             rows = group.shard(torch.arange(len(idx)))
@@ -227,10 +230,10 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
         for p in params:   # optimizer.zero_grad(set_to_none=True), without its per-call bookkeeping
             p.grad = None
         if fused is not None and len(mine) == config.batch_size and fused.active(x.device):
-            loss = fused(x, s.train_y[mine])   # the update is applied: a diverged loss stops the run below
+            loss = fused(x, y)   # the update is applied: a diverged loss stops the run below
             _check_loss(s, config, loss, epoch, step, last_good)
         else:
-            loss = _rule_step(s, config, x, mine, idx, params, epoch, step, steps, last_good)
+            loss = _rule_step(s, config, x, y, mine, idx, params, epoch, step, steps, last_good)
         total += loss
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss:.4f}")
@@ -243,8 +246,8 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     return total / steps
 
 
-def _rule_step(s: Setup, config: TrainConfig, x: torch.Tensor, mine: torch.Tensor, idx: torch.Tensor, params: list,
-               epoch: int, step: int, steps: int, last_good: str) -> float:
+def _rule_step(s: Setup, config: TrainConfig, x: torch.Tensor, y: torch.Tensor, mine: torch.Tensor, idx: torch.Tensor,
+               params: list, epoch: int, step: int, steps: int, last_good: str) -> float:
     """One step of the rule and the optimiser (the separate calls), with the divergence checks; returns the loss."""
     indexed, group = s.rule.uses_sample_index, s.group
     loss = 0.0
@@ -253,7 +256,7 @@ def _rule_step(s: Setup, config: TrainConfig, x: torch.Tensor, mine: torch.Tenso
         # training split that build() checked once
         with compiling("off") if len(idx) < config.batch_size and steps > 1 else contextlib.nullcontext():
             try:
-                loss = s.rule.backward(s.model, x, s.train_y[mine], index=mine if indexed else None,
+                loss = s.rule.backward(s.model, x, y, index=mine if indexed else None,
                                        validated=True).loss
             except NonFiniteError as exc:   # the weights (or, through them, the activations) blew up
                 raise DivergenceError(f"Training diverged at epoch {epoch}, step {step + 1} ({exc}; rule "
