@@ -132,3 +132,25 @@ def test_compiled_fused_step_equals_eager(opt, rule):
             step(x, y)
     for p, q in zip(ref_model.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_fused_step_follows_changed_hyper_parameters():
+    """Hyper-parameters are constants of the compiled graph: a change mid-run (weight decay, momentum, lr) must
+    run a graph with the new values, not the one the step kept from earlier batches."""
+    opt = dict(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-3)
+    ref_model, ref_rule, ref_opt = _setup(opt, dtype=torch.float32)
+    model, rule, optimizer = _setup(opt, dtype=torch.float32)
+    step = FusedTrainStep.make(rule, model, optimizer)
+    with compiling("on"):
+        for i, (x, y) in enumerate(_batches(6, torch.float32)):
+            if i == 3:
+                for o in (ref_opt, optimizer):
+                    o.param_groups[0].update(weight_decay=0.05, momentum=0.5, lr=0.03)
+            ref_opt.zero_grad(set_to_none=True)
+            with compiling("off"):
+                ref_rule.backward(ref_model, x, y)
+            ref_opt.step()
+            step(x, y)
+    for p, q in zip(ref_model.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)

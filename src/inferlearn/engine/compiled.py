@@ -228,6 +228,18 @@ class CompiledStep:
             return out
         return self._run(graph, tmode, args)
 
+    def resolved(self, *args) -> Callable:
+        """What a call with ``args`` runs now: its compiled graph (compiled by an earlier call), else the eager
+        function. A caller that makes the same call many times (same shapes and constants) may keep it and skip
+        this step's per-call lookup; it must look again when the shapes, the constants or the mode change."""
+        tmode = None if _global["failed"] else torch_mode(compile_mode(), _first_device(args), self.whole_batch)
+        graph = None if tmode is None else self._graphs.get((tmode, _key(args)))
+        if graph is None:
+            return self.fn
+        if tmode == "reduce-overhead":
+            return lambda *a: self._run(graph, tmode, a)
+        return graph
+
     @staticmethod
     def _run(graph, tmode: str, args):
         if tmode == "reduce-overhead":

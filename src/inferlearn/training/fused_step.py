@@ -31,7 +31,7 @@ import torch
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
-from ..engine.compiled import CompiledStep
+from ..engine.compiled import CompiledStep, compile_mode
 from ..engine.fused import DensePlan, pc_inference, bp_step, bp_step_arguments
 
 
@@ -97,6 +97,8 @@ class FusedTrainStep:
         # in the parameters' precision (the eager optimiser's Python float lr is a double)
         self._lr = torch.tensor(float(self.group["lr"]), dtype=self.params[0].dtype if self.params else torch.float32)
         self._states: tuple | None = None   # the optimiser's state tensors, looked up on the first call
+        self._lr_value = float(self.group["lr"])
+        self._runs: dict = {}   # (batch shape, dtype, device, compile mode, hyper-parameters) → what to run
 
     @classmethod
     def make(cls, rule, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -162,10 +164,20 @@ class FusedTrainStep:
         for p in self.params:
             p.grad = None
         lr = float(self.group["lr"])
-        if float(self._lr) != lr:
+        if lr != self._lr_value:
             self._lr.fill_(lr)
-        out = FUSED_UPDATE(x.reshape(x.shape[0], -1), labels, self.params, self.biased, self.plan.gradient,
-                           self.constants, self._state(), self._lr, self.kind, self._hyper())
+            self._lr_value = lr
+        hyper = self._hyper()
+        args = (x.reshape(x.shape[0], -1), labels, self.params, self.biased, self.plan.gradient, self.constants,
+                self._state(), self._lr, self.kind, hyper)
+        # the same call every batch: after the first, run the graph it resolved to without the step's lookup
+        key = (x.shape, x.dtype, x.device, labels.shape, compile_mode(), hyper)
+        run = self._runs.get(key)
+        if run is None:
+            out = FUSED_UPDATE(*args)
+            self._runs[key] = FUSED_UPDATE.resolved(*args)
+        else:
+            out = run(*args)
         # the flag torch.optim's step sets for its schedulers: without it an epoch of fused steps alone makes
         # lr_scheduler.step() warn that the optimiser never stepped
         self.optimizer._opt_called = True
