@@ -113,18 +113,17 @@ def test_training_with_the_fused_step_equals_the_separate_calls(tmp_path, monkey
             assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), key
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("opt", OPTIMIZERS[1:], ids=["sgd-momentum-wd", "adam", "adam-wd", "adamw"])
-@pytest.mark.parametrize("rule", ["backprop", "pc"])
-def test_compiled_fused_step_equals_eager(opt, rule):
-    """torch.compile of the whole step (float32) against the eager separate calls, to 1e-6."""
-    options = {"steps": 20, "step_size": 0.3} if rule == "pc" else {}
+def _compiled_against_eager(opt: dict, rule: str = "backprop", options: dict | None = None, change=None) -> None:
+    """Six float32 batches: the compiled fused step against the eager separate calls, to 1e-6; ``change(i,
+    optimizers)`` may alter both optimisers before batch ``i``."""
     ref_model, ref_rule, ref_opt = _setup(opt, rule, options, dtype=torch.float32)
     model, rule, optimizer = _setup(opt, rule, options, dtype=torch.float32)
     step = FusedTrainStep.make(rule, model, optimizer)
     with compiling("on"):
         assert step.active(torch.device("cpu"))
-        for x, y in _batches(6, torch.float32):
+        for i, (x, y) in enumerate(_batches(6, torch.float32)):
+            if change is not None:
+                change(i, (ref_opt, optimizer))
             ref_opt.zero_grad(set_to_none=True)
             with compiling("off"):
                 ref_rule.backward(ref_model, x, y)
@@ -132,25 +131,23 @@ def test_compiled_fused_step_equals_eager(opt, rule):
             step(x, y)
     for p, q in zip(ref_model.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opt", OPTIMIZERS[1:], ids=["sgd-momentum-wd", "adam", "adam-wd", "adamw"])
+@pytest.mark.parametrize("rule", ["backprop", "pc"])
+def test_compiled_fused_step_equals_eager(opt, rule):
+    """torch.compile of the whole step (float32) against the eager separate calls, to 1e-6."""
+    _compiled_against_eager(opt, rule, {"steps": 20, "step_size": 0.3} if rule == "pc" else {})
 
 
 @pytest.mark.slow
 def test_compiled_fused_step_follows_changed_hyper_parameters():
     """Hyper-parameters are constants of the compiled graph: a change mid-run (weight decay, momentum, lr) must
     run a graph with the new values, not the one the step kept from earlier batches."""
-    opt = dict(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-3)
-    ref_model, ref_rule, ref_opt = _setup(opt, dtype=torch.float32)
-    model, rule, optimizer = _setup(opt, dtype=torch.float32)
-    step = FusedTrainStep.make(rule, model, optimizer)
-    with compiling("on"):
-        for i, (x, y) in enumerate(_batches(6, torch.float32)):
-            if i == 3:
-                for o in (ref_opt, optimizer):
-                    o.param_groups[0].update(weight_decay=0.05, momentum=0.5, lr=0.03)
-            ref_opt.zero_grad(set_to_none=True)
-            with compiling("off"):
-                ref_rule.backward(ref_model, x, y)
-            ref_opt.step()
-            step(x, y)
-    for p, q in zip(ref_model.parameters(), model.parameters()):
-        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-6)
+    def change(i, optimizers):
+        if i == 3:
+            for o in optimizers:
+                o.param_groups[0].update(weight_decay=0.05, momentum=0.5, lr=0.03)
+
+    _compiled_against_eager(dict(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-3), change=change)
