@@ -256,6 +256,17 @@ class Chain:
         """The number of nodes ``L`` (a chain's number of layers)."""
         return len(self.links)
 
+    def prime(self) -> "Chain":
+        """Compute every cached property of the chain, its nodes and its edges now: a function that
+        ``torch.compile`` traces reads them, and dynamo cannot trace the lock of a first computation."""
+        if not self.__dict__.get("_primed"):
+            for obj in (self, *self.links, *(e for link in self.links for e in link.edges)):
+                for name, attr in vars(type(obj)).items():
+                    if isinstance(attr, functools.cached_property):
+                        getattr(obj, name)
+            self._primed = True
+        return self
+
     @functools.cached_property
     def is_chain(self) -> bool:
         """True when every node has one edge, from the node before it."""

@@ -102,11 +102,15 @@ def planned_batches(n: int):
         _global["planned"] = old
 
 
-def torch_mode(mode: str, device: torch.device, whole_batch: bool = False) -> str | None:
+def torch_mode(mode: str, device: torch.device, whole_batch: bool = False, auto_cpu_min_batches: int | None = None
+               ) -> str | None:
     """The ``torch.compile`` mode for ``mode`` on ``device`` (``None``: eager). ``auto`` on CPU compiles only
-    ``whole_batch`` graphs, and only inside :func:`planned_batches` of at least :data:`AUTO_CPU_MIN_BATCHES`."""
+    ``whole_batch`` graphs, and only inside :func:`planned_batches` of at least :data:`AUTO_CPU_MIN_BATCHES`,
+    and steps with their own ``auto_cpu_min_batches``, inside :func:`planned_batches` of at least that many."""
     if mode == "auto" and device.type != "cuda":
-        return "default" if whole_batch and _global["planned"] >= AUTO_CPU_MIN_BATCHES else None
+        least = auto_cpu_min_batches if auto_cpu_min_batches is not None else (
+            AUTO_CPU_MIN_BATCHES if whole_batch else None)
+        return "default" if least is not None and _global["planned"] >= least else None
     if mode == "off":
         return None
     if device.type == "cuda" and mode in ("on", "auto"):
@@ -191,23 +195,35 @@ class CompiledStep:
     ``fn`` takes tensors, lists of tensors and hashable constants (floats, bools, ``None``, tuples);
     constants are baked into the graph (a new value is a new shape key). Values that change every
     batch, such as step sizes computed from the weights, must be passed as tensors.
+
+    Args:
+        whole_batch: a whole mini-batch's graph (``auto`` compiles it on CPU for long runs, see :func:`torch_mode`).
+        auto_cpu_min_batches: the run length from which ``auto`` compiles this step on CPU (``None``: the
+            ``whole_batch`` rule).
+        autograd: ``fn`` differentiates inside (``torch.autograd.grad``): traced with dynamo's
+            ``trace_autograd_ops``, so the backward pass is part of the compiled graph.
     """
 
-    def __init__(self, fn: Callable, name: str | None = None, whole_batch: bool = False):
+    def __init__(self, fn: Callable, name: str | None = None, whole_batch: bool = False,
+                 auto_cpu_min_batches: int | None = None, autograd: bool = False):
         self.fn, self.name, self.whole_batch = fn, name or fn.__name__, whole_batch
+        self.auto_cpu_min_batches, self.autograd = auto_cpu_min_batches, autograd
         self._graphs: dict = {}
         _steps.add(self)
         self.__doc__ = fn.__doc__
 
+    def _torch_mode(self, device: torch.device) -> str | None:
+        return torch_mode(compile_mode(), device, self.whole_batch, self.auto_cpu_min_batches)
+
     def active(self, device: torch.device) -> bool:
         """Whether a call with tensors on ``device`` would run compiled."""
-        return not _global["failed"] and torch_mode(compile_mode(), device, self.whole_batch) is not None
+        return not _global["failed"] and self._torch_mode(device) is not None
 
     def __call__(self, *args):
         if _global["failed"]:
             return self.fn(*args)
         device = _first_device(args)
-        tmode = torch_mode(compile_mode(), device, self.whole_batch)
+        tmode = self._torch_mode(device)
         if tmode is None:
             return self.fn(*args)
         key = (tmode, _key(args))
@@ -232,21 +248,28 @@ class CompiledStep:
         """What a call with ``args`` runs now: its compiled graph (compiled by an earlier call), else the eager
         function. A caller that makes the same call many times (same shapes and constants) may keep it and skip
         this step's per-call lookup; it must look again when the shapes, the constants or the mode change."""
-        tmode = None if _global["failed"] else torch_mode(compile_mode(), _first_device(args), self.whole_batch)
+        tmode = None if _global["failed"] else self._torch_mode(_first_device(args))
         graph = None if tmode is None else self._graphs.get((tmode, _key(args)))
         if graph is None:
             return self.fn
-        if tmode == "reduce-overhead":
+        if tmode == "reduce-overhead" or self.autograd:
             return lambda *a: self._run(graph, tmode, a)
         return graph
 
-    @staticmethod
-    def _run(graph, tmode: str, args):
-        if tmode == "reduce-overhead":
-            # CUDA graphs reuse their output buffers on the next replay: mark the step and hand out copies
-            torch.compiler.cudagraph_mark_step_begin()
-            return _clone_out(graph(*args))
-        return graph(*args)
+    def _run(self, graph, tmode: str, args):
+        with _tracing_autograd() if self.autograd else contextlib.nullcontext():
+            if tmode == "reduce-overhead":
+                # CUDA graphs reuse their output buffers on the next replay: mark the step and hand out copies
+                torch.compiler.cudagraph_mark_step_begin()
+                return _clone_out(graph(*args))
+            return graph(*args)
+
+
+def _tracing_autograd():
+    """Dynamo traces ``torch.autograd.grad`` into the graph (``trace_autograd_ops``; a recompilation may trace
+    again, so every call of such a step runs inside)."""
+    import torch._dynamo
+    return torch._dynamo.config.patch(trace_autograd_ops=True)
 
 
 def compiled_step(fn: Callable) -> CompiledStep:

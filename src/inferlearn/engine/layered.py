@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from .chain import Chain, Link, is_affine
+from .compiled import CompiledStep
 
 KINDS = ("lifted", "penalty", "fenchel")
 #: output terms of the penalty energy: squared error ``½‖z_L − f_L(a_L)‖²`` or cross-entropy ``CE(z_L, softmax(f_L(a_L)))``
@@ -407,38 +408,17 @@ class LayeredProblem(BatchProblem):
                 self._p1 = self.energy.link(1).act(self.a1)
         return self._p1
 
-    def _clamped_output_gradient(self, p_top: torch.Tensor) -> torch.Tensor:
-        """``∂T_L/∂p_L`` at the prediction ``p_L = f_L(a_L)`` of the clamped target ``t``: ``p_L − t`` (squared
-        error) or ``softmax(p_L) Σ_j t_j − t`` (cross-entropy)."""
-        return cross_entropy_gradient(p_top, self.target) if self.energy.output == "ce" else p_top - self.target
-
     def _penalty_gradients(self, hidden: Sequence[torch.Tensor], errors: list | None = None) -> list[torch.Tensor]:
-        """``∂E/∂z_k`` of the penalty energy for any maps (conv, pooling, a graph's sums), by one vector–Jacobian
-        product through the predictions instead of autograd of the energy's value::
-
-            ∂E/∂z_k = w_k ε_k + Σ_{c reads k} J_{p_c}(z_k)ᵀ g_c,   ε_k = z_k − p_k,  p_c = f_c(a_c(z)),
-            g_c = −w_c ε_c (hidden c),  g_L = w_L ∂T_L/∂p_L (the clamped output; :meth:`_clamped_output_gradient`)
-
-        The same gradient as :meth:`value`'s autograd (the squared terms' backward is done by hand: ``∂½‖z − p‖²/∂p
-        = −ε``), without building and differentiating the terms, and in the value nodes' own memory layout.
-        ``errors`` (if given) receives ``‖ε_k‖`` of the hidden layers, as :meth:`gradient_step` documents.
-        """
-        e, L, w = self.energy, self.depth, self.energy.term_weights
-        links = e.chain.links
+        """``∂E/∂z_k`` of the penalty energy for any maps (:func:`penalty_gradients`); ``errors`` (if given)
+        receives ``‖ε_k‖`` of the hidden layers, as :meth:`gradient_step` documents."""
         if not hidden:
             return []
-        with torch.enable_grad():
-            hs = [h.detach().requires_grad_(True) for h in hidden]
-            zs = [self.x, *hs]
-            preds = [links[k - 1].act(links[k - 1].pre(zs)) for k in range(2, L + 1)]
-        own = [hidden[0] - self._first_prediction()] + [z - p.detach() for z, p in zip(hidden[1:], preds)]
-        if errors is not None and len(hidden) == L - 1:
-            errors.extend(torch._foreach_norm(own))
-        sent = [own[c - 1].mul(-w[c]) for c in range(2, len(hidden) + 1)]
-        if len(hidden) == L - 1:
-            sent.append(self._clamped_output_gradient(preds[-1].detach()).mul_(w[L]))
-        back = torch.autograd.grad(preds, hs, sent, allow_unused=True)
-        return [d.mul(w[k]) if b is None else b.add_(d, alpha=w[k]) for k, (d, b) in enumerate(zip(own, back), start=1)]
+        e = self.energy
+        grads, norms = penalty_gradients(e.chain.links, self.x, self._first_prediction(), self.target, list(hidden),
+                                         tuple(e.term_weights), e.output, errors is not None)
+        if errors is not None:
+            errors.extend(norms)
+        return grads
 
     def gradient_step(self, hidden: list[torch.Tensor], eta: float, errors: list | None = None) -> list[torch.Tensor]:
         """Simultaneous projected steps ``z_k ← Π_k(z_k − η ∂E/∂z_k)`` for every hidden layer.
@@ -452,6 +432,14 @@ class LayeredProblem(BatchProblem):
         """
         e = self.energy
         want = errors is not None and e.kind == "penalty"
+        if (hidden and len(hidden) == self.depth - 1 and LayeredProblem._vjp_form(self) and not e.chain.is_dense
+                and PC_GRAPH_STEP.active(self.x.device)):
+            # a graph's step (conv nets, residual networks) as one compiled call: see PC_GRAPH_STEP
+            new, norms = PC_GRAPH_STEP(e.chain.prime().links, self.x, self._first_prediction(), self.target,
+                                       list(hidden), float(eta), tuple(e.term_weights), e.output, want)
+            if want:
+                errors.extend(norms)
+            return new
         if not self._closed_form() and self._vjp_form():
             grads = self._penalty_gradients(hidden, errors if want else None)
             return [z.sub(g, alpha=eta) for z, g in zip(hidden, grads)]   # the penalty variables are unconstrained
@@ -613,6 +601,60 @@ class LayeredProblem(BatchProblem):
                     _accumulate(p, g.to(p.dtype))
             if torch.is_tensor(total) and total.requires_grad:
                 total.backward()
+
+
+def penalty_gradients(links: Sequence[Link], x: torch.Tensor, p1: torch.Tensor, target: torch.Tensor,
+                      hidden: list[torch.Tensor], weights: tuple[float, ...], output: str, errors: bool
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``∂E/∂z_k`` of the penalty energy with a clamped output, for any maps (conv, pooling, a graph's sums), by
+    one vector–Jacobian product through the predictions instead of autograd of the energy's value::
+
+        ∂E/∂z_k = w_k ε_k + Σ_{c reads k} J_{p_c}(z_k)ᵀ g_c,   ε_k = z_k − p_k,  p_c = f_c(a_c(z)),
+        g_c = −w_c ε_c (hidden c),  g_L = w_L ∂T_L/∂p_L at the clamped target ``t``: ``p_L − t`` (squared error)
+        or ``softmax(p_L) Σ_j t_j − t`` (``output="ce"``)
+
+    The same gradient as autograd of the energy's value (the squared terms' backward is done by hand:
+    ``∂½‖z − p‖²/∂p = −ε``), without building and differentiating the terms, and in the value nodes' own memory
+    layout. A pure function of tensors and constants (``links``: the graph's nodes, ``p1 = f_1(a_1)``, which no
+    value node changes; ``weights``: ``w_0 … w_L``), so that :data:`PC_GRAPH_STEP` can compile it. Returns the
+    gradients and, with ``errors``, the norms ``‖ε_k‖`` (0-d tensors; else an empty list)."""
+    L = len(links)
+    with torch.enable_grad():
+        hs = [h.detach().requires_grad_(True) for h in hidden]
+        zs = [x, *hs]
+        preds = [links[k - 1].act(links[k - 1].pre(zs)) for k in range(2, L + 1)]
+    own = [hidden[0] - p1] + [z - p.detach() for z, p in zip(hidden[1:], preds)]
+    norms = list(torch._foreach_norm(own)) if errors and len(hidden) == L - 1 else []
+    sent = [own[c - 1].mul(-weights[c]) for c in range(2, len(hidden) + 1)]
+    if len(hidden) == L - 1:
+        p_top = preds[-1].detach()
+        d_top = cross_entropy_gradient(p_top, target) if output == "ce" else p_top - target
+        sent.append(d_top.mul_(weights[L]))
+    back = torch.autograd.grad(preds, hs, sent, allow_unused=True)
+    grads = [d.mul(weights[k]) if b is None else b.add_(d, alpha=weights[k])
+             for k, (d, b) in enumerate(zip(own, back), start=1)]
+    return grads, norms
+
+
+def _penalty_step(links: Sequence[Link], x: torch.Tensor, p1: torch.Tensor, target: torch.Tensor,
+                  hidden: list[torch.Tensor], eta: float, weights: tuple[float, ...], output: str, errors: bool
+                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One simultaneous step ``z_k ← z_k − η ∂E/∂z_k`` of the clamped penalty energy on any graph
+    (:func:`penalty_gradients`; the penalty variables are unconstrained): the new value nodes and the norms."""
+    grads, norms = penalty_gradients(links, x, p1, target, hidden, weights, output, errors)
+    return [z.sub(g, alpha=eta) for z, g in zip(hidden, grads)], norms
+
+
+#: ``auto`` compiles a graph's predictive-coding step on CPU for runs of at least this many mini-batches:
+#: compiled, the step of the conv net, the residual network and VGG-5 took 0.37-1.0 of eager's time for a
+#: compile of 2-3 s per shape (``benchmarks/bench_graph_compile.py``)
+GRAPH_AUTO_CPU_MIN_BATCHES = 500
+#: Predictive coding's value-node step on a graph (conv nets, residual networks, any model the engine reads) as one
+#: compiled call: forward predictions, their vector–Jacobian product (traced into the graph) and the update.
+#: Used by :meth:`LayeredProblem.gradient_step` for the clamped penalty energy of every model but dense chains (whose
+#: closed-form and whole-batch paths are faster), when compilation is active for it.
+PC_GRAPH_STEP = CompiledStep(_penalty_step, "the predictive-coding step of a graph",
+                             auto_cpu_min_batches=GRAPH_AUTO_CPU_MIN_BATCHES, autograd=True)
 
 
 def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:

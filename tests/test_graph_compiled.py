@@ -1,0 +1,145 @@
+"""Compiled paths of the graph engine: predictive coding's value-node step and back-propagation's forward pass
+on models that are not dense chains (a residual conv net here), compiled equal to eager.
+
+Oracles: the eager run of the same function (to 1e-6 relative, float32: the compiled graph may only reorder
+float32 rounding), and the library's eager path (the closed-form adjoint step on affine maps, a different
+algorithm for the same gradient: to float32 tolerance). Each test fails on a fallback to eager (the comparison
+would be vacuous) and checks that a graph was compiled.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from graph_models import ResidualConvNet
+from inferlearn.engine import compiled as C
+from inferlearn.engine import layered
+from inferlearn.engine.layered import LayeredProblem
+from inferlearn.errors import ConvergenceWarning
+from inferlearn.rules import make_rule
+from inferlearn.rules import backprop
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compile_state():
+    C.reset_compile_state()
+    yield
+    C.reset_compile_state()
+
+
+def _data(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(n, 16, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _grads(rule, mode: str, steps: int = 2, model_factory=ResidualConvNet) -> tuple[torch.Tensor, list]:
+    """Parameter gradients after ``steps`` SGD steps (so the later batches see updated weights), and the infos."""
+    torch.manual_seed(0)
+    model = model_factory()
+    x, y = _data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    infos = []
+    with C.compiling(mode):
+        for i in range(steps):
+            opt.zero_grad()
+            infos.append(rule.backward(model, x, y))
+            if i < steps - 1:
+                opt.step()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), infos
+
+
+def _compiled(rule, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", C.CompileWarning)   # a fallback to eager would make the comparison vacuous
+        graphs = C.compiled_graphs()
+        out = _grads(rule, "on", **kw)
+    assert not C.compile_failed()
+    assert C.compiled_graphs() > graphs or C.compile_seconds() == 0.0   # compiled now, or cached from before
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def test_compiled_graph_pc_step_equals_eager(monkeypatch):
+    """PC (T = 20) on a residual conv net: the compiled value-node step against (1) the eager run of the same
+    vector–Jacobian step (the closed form switched off), to 1e-6 relative, with the same verdict and loss, and
+    (2) the library's default eager path, the closed-form adjoint step, to float32 tolerance."""
+    rule = make_rule("pc", {"steps": 20})
+    default_eager, _ = _grads(rule, "off")
+    C.reset_compile_state(graphs=True)
+    comp, c_infos = _compiled(rule)
+    assert layered.PC_GRAPH_STEP._graphs   # the graph step ran compiled
+    with monkeypatch.context() as m:
+        m.setattr(LayeredProblem, "_closed_form", lambda self: False)
+        eager, e_infos = _grads(rule, "off")
+    assert _rel(comp, eager) <= 1e-6
+    assert _rel(comp, default_eager) <= 1e-5
+    for c, e in zip(c_infos, e_infos):
+        assert c.extras["converged"] == e.extras["converged"] and c.extras["inference_steps"] == 20
+        assert abs(c.loss - e.loss) <= 1e-6 * abs(e.loss)
+        assert abs(c.extras["solver_residual"] - e.extras["solver_residual"]) <= 1e-5 * e.extras["solver_residual"]
+
+
+def test_compiled_graph_bp_equals_eager_and_still_checks_labels():
+    """Back-propagation on a residual conv net: the compiled forward pass (and its compiled backward) gives the
+    eager gradients to 1e-6 relative; a label beyond the output still gets the eager check's message."""
+    rule = make_rule("backprop", {})
+    eager, e_infos = _grads(rule, "off")
+    comp, c_infos = _compiled(rule)
+    assert _rel(comp, eager) <= 1e-6
+    assert abs(c_infos[-1].loss - e_infos[-1].loss) <= 1e-6 * e_infos[-1].loss
+    x, y = _data()
+    with C.compiling("on"), pytest.raises(ValueError, match="Labels out of range: found label 7"):
+        rule.backward(ResidualConvNet(), x, torch.full_like(y, 7))
+
+
+def test_auto_compiles_the_graph_pc_step_on_cpu_for_runs_of_500_batches_and_bp_never():
+    """``auto`` on CPU follows ``benchmarks/bench_graph_compile.py``: the graph PC step (faster compiled) from
+    :data:`~inferlearn.engine.layered.GRAPH_AUTO_CPU_MIN_BATCHES` planned mini-batches, back-propagation's graph
+    forward (slower compiled on two of three models) never; ``on`` compiles both."""
+    cpu = torch.device("cpu")
+    step, forward = layered.PC_GRAPH_STEP, backprop.GRAPH_FORWARD
+    with C.compiling("auto"):
+        with C.planned_batches(layered.GRAPH_AUTO_CPU_MIN_BATCHES):
+            assert step.active(cpu) and not forward.active(cpu)
+        with C.planned_batches(layered.GRAPH_AUTO_CPU_MIN_BATCHES - 1):
+            assert not step.active(cpu) and not forward.active(cpu)
+    with C.compiling("on"):
+        assert step.active(cpu) and forward.active(cpu)
+    with C.compiling("off"):
+        assert not step.active(cpu) and not forward.active(cpu)
+    assert C.torch_mode("auto", cpu, auto_cpu_min_batches=3) is None
+    with C.planned_batches(3):
+        assert C.torch_mode("auto", cpu, auto_cpu_min_batches=3) == "default"
+        assert C.torch_mode("auto", torch.device("cuda"), auto_cpu_min_batches=3) == "reduce-overhead"
+
+
+@pytest.mark.slow
+def test_compiled_graph_pc_step_on_resnet20_equals_eager_in_float64():
+    """The zoo's ResNet-20 (width 0.25, 19 value nodes, skip connections with channel padding), PC T = 10:
+    compiled against eager, which takes the same vector–Jacobian step here (the padding shortcut is not affine),
+    in float64 to 1e-10 relative (measured 3e-14). Not float32 to 1e-6: there this gradient is ill-conditioned,
+    so that scaling the input by 1 + 1e-7 (float32 rounding) moves the eager gradient by 7e-6 relative, and
+    compiled and eager differ by 1.6e-5."""
+    from inferlearn.models.build import build_model
+
+    def grads(mode):
+        torch.manual_seed(0)
+        model = build_model("resnet20:width=0.25", "relu", 3 * 32 * 32, 10, (3, 32, 32), seed=0).double()
+        x, y = torch.rand(8, 3 * 32 * 32, dtype=torch.float64), torch.randint(0, 10, (8,))
+        with C.compiling(mode):
+            info = make_rule("pc", {"steps": 10}).backward(model, x, y)
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()]), info
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)   # T = 10 is short for 19 value nodes, by design here
+        eager, e_info = grads("off")
+        warnings.simplefilter("error", C.CompileWarning)
+        comp, c_info = grads("on")
+    assert not C.compile_failed() and layered.PC_GRAPH_STEP._graphs
+    assert _rel(comp, eager) <= 1e-10
+    assert abs(c_info.loss - e_info.loss) <= 1e-10 * abs(e_info.loss)
