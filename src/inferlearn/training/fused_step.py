@@ -71,7 +71,9 @@ def _fused_update(x, labels, params, biased, gradient, constants, state, lr, kin
     return out
 
 
-FUSED_UPDATE = CompiledStep(_fused_update, "the fused training step", whole_batch=True)
+#: compiled without dynamo's guards: the step's key (shapes, strides, constants) selects the graph, and the call
+#: always runs under ``no_grad`` (it saves about 40 µs a batch, ``benchmarks/peers/``)
+FUSED_UPDATE = CompiledStep(_fused_update, "the fused training step", whole_batch=True, guards=False)
 
 
 class FusedTrainStep:
@@ -171,7 +173,7 @@ class FusedTrainStep:
         args = (x.reshape(x.shape[0], -1), labels, self.params, self.biased, self.plan.gradient, self.constants,
                 self._state(), self._lr, self.kind, hyper)
         # the same call every batch: after the first, run the graph it resolved to without the step's lookup
-        key = (x.shape, x.dtype, x.device, labels.shape, compile_mode(), hyper)
+        key = (x.shape, x.stride(), x.dtype, x.device, labels.shape, labels.stride(), compile_mode(), hyper)
         run = self._runs.get(key)
         if run is None:
             out = FUSED_UPDATE(*args)
