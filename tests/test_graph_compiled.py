@@ -143,3 +143,32 @@ def test_compiled_graph_pc_step_on_resnet20_equals_eager_in_float64():
     assert not C.compile_failed() and layered.PC_GRAPH_STEP._graphs
     assert _rel(comp, eager) <= 1e-10
     assert abs(c_info.loss - e_info.loss) <= 1e-10 * abs(e_info.loss)
+
+
+@pytest.mark.parametrize("compiled_delay,expect", [(0.02, "eager"), (0.0, "compiled")])
+def test_auto_keeps_the_faster_of_compiled_and_eager_by_measuring(monkeypatch, compiled_delay, expect):
+    """``measure`` (the graph PC step's ``auto`` on CPU): the compiling call, then eager and compiled in turn,
+    ``MEASURE_CALLS`` timed calls each; the faster stays for the shape. ``torch.compile`` is stubbed by a wrapper
+    that sleeps ``compiled_delay`` (slower than eager) or by a graph that skips the eager function's sleep (faster):
+    the decision, not the compiler, is under test. Every call returns the step's value either way."""
+    import time as _time
+
+    def fn(x):
+        _time.sleep(0.01)
+        return x + 1
+
+    def fake_compile(f, **kw):
+        return (lambda x: (_time.sleep(compiled_delay), x + 1)[1]) if compiled_delay else (lambda x: x + 1)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    step = C.CompiledStep(fn, "a measured step", auto_cpu_min_batches=1, measure=True)
+    x = torch.zeros(3)
+    with C.compiling("auto"), C.planned_batches(1):
+        outs = [step(x) for _ in range(1 + 2 * C.MEASURE_CALLS + 2)]
+        assert all(torch.equal(o, x + 1) for o in outs)
+        (ratio,) = step.measured.values()
+        assert (ratio >= 1.0) == (expect == "eager")
+        assert (step.resolved(x) is fn) == (expect == "eager")
+    with C.compiling("on"):   # 'on' compiles without measuring: a separate decision
+        step(x)
+        assert step.resolved(x) is not fn

@@ -32,6 +32,7 @@ eagerly rather than compiling its shape). Compile time (the first call of each s
 from __future__ import annotations
 
 import contextlib
+import statistics
 import threading
 import time
 import types
@@ -43,6 +44,7 @@ import torch
 
 MODES = ("auto", "off", "on", "no-cudagraphs")
 MAX_SHAPES = 16     # compiled graphs per step function; further shapes run eagerly
+MEASURE_CALLS = 3   # timed calls of each variant before a measuring step keeps the faster (``CompiledStep``'s measure)
 #: ``auto`` compiles a whole-batch graph on CPU only for a run of at least this many mini-batches: compiling
 #: predictive coding's graph takes 10-25 s cold (a few seconds from inductor's on-disk cache) and saves about
 #: 0.5-2 ms a batch on the MNIST MLP (compiled / eager 0.57 at batch 50, 0.74 at 256;
@@ -139,6 +141,8 @@ def reset_compile_state(graphs: bool = False) -> None:
     if graphs:
         for step in list(_steps):
             step._graphs.clear()
+            step._trials.clear()
+            step.measured.clear()
 
 
 def _fail(name: str, exc: BaseException) -> None:
@@ -202,6 +206,10 @@ class CompiledStep:
             ``whole_batch`` rule).
         autograd: ``fn`` differentiates inside (``torch.autograd.grad``): traced with dynamo's
             ``trace_autograd_ops``, so the backward pass is part of the compiled graph.
+        measure: under ``auto`` on CPU, time each new shape's compiled graph against ``fn`` on its first calls
+            (:data:`MEASURE_CALLS` each, in turn, after the compiling call) and keep the faster: a step whose
+            compiled speed depends on the model (a graph's predictive-coding step). The ratios (compiled / eager)
+            are kept in ``measured``.
         guards: ``False`` compiles without dynamo's guards (``guard_filter_fn``; CPU and ``no-cudagraphs``
             graphs): the step's own key, which then includes every tensor's strides, is what selects a graph. For a
             pure ``fn`` whose behaviour depends only on its arguments, run under one grad mode; it saves the
@@ -209,10 +217,13 @@ class CompiledStep:
     """
 
     def __init__(self, fn: Callable, name: str | None = None, whole_batch: bool = False,
-                 auto_cpu_min_batches: int | None = None, autograd: bool = False, guards: bool = True):
+                 auto_cpu_min_batches: int | None = None, autograd: bool = False, measure: bool = False,
+                 guards: bool = True):
         self.fn, self.name, self.whole_batch = fn, name or fn.__name__, whole_batch
         self.auto_cpu_min_batches, self.autograd, self.guards = auto_cpu_min_batches, autograd, guards
+        self.measure, self.measured = measure, {}
         self._graphs: dict = {}
+        self._trials: dict = {}   # shapes on trial (measure): key → (graph, eager seconds, compiled seconds)
         _steps.add(self)
         self.__doc__ = fn.__doc__
 
@@ -230,8 +241,13 @@ class CompiledStep:
         tmode = self._torch_mode(device)
         if tmode is None:
             return self.fn(*args)
-        key = (tmode, _key(args, not self.guards))
+        measuring = self.measure and device.type == "cpu" and compile_mode() == "auto"
+        key = (tmode, measuring, _key(args, not self.guards))
         graph = self._graphs.get(key)
+        if graph is self.fn:   # measured slower compiled: eager
+            return self.fn(*args)
+        if graph is None and key in self._trials:
+            return self._trial(key, tmode, args)
         if graph is None:
             if sum(1 for k in self._graphs if k[0] == tmode) >= MAX_SHAPES:
                 return self.fn(*args)
@@ -246,16 +262,38 @@ class CompiledStep:
                 return self.fn(*args)
             _global["seconds"] += time.perf_counter() - t0
             _global["graphs"] += 1
-            self._graphs[key] = graph
+            if measuring:
+                self._trials[key] = (graph, [], [])
+            else:
+                self._graphs[key] = graph
             return out
         return self._run(graph, tmode, args)
+
+    def _trial(self, key, tmode: str, args):
+        """One timed call of a shape on trial (``measure``): eager and compiled in turn, :data:`MEASURE_CALLS` each;
+        then the faster (by the median) is kept for the shape: its graph, or ``fn`` itself."""
+        graph, eager, comp = self._trials[key]
+        t0 = time.perf_counter()
+        if len(eager) <= len(comp):
+            out = self.fn(*args)
+            eager.append(time.perf_counter() - t0)
+        else:
+            out = self._run(graph, tmode, args)
+            comp.append(time.perf_counter() - t0)
+        if len(comp) >= MEASURE_CALLS:
+            del self._trials[key]
+            ratio = statistics.median(comp) / statistics.median(eager)
+            self._graphs[key] = graph if ratio < 1.0 else self.fn
+            self.measured[key[2]] = ratio
+        return out
 
     def resolved(self, *args) -> Callable:
         """What a call with ``args`` runs now: its compiled graph (compiled by an earlier call), else the eager
         function. A caller that makes the same call many times (same shapes and constants) may keep it and skip
         this step's per-call lookup; it must look again when the shapes, the constants or the mode change."""
         tmode = None if _global["failed"] else self._torch_mode(_first_device(args))
-        graph = None if tmode is None else self._graphs.get((tmode, _key(args, not self.guards)))
+        measuring = self.measure and _first_device(args).type == "cpu" and compile_mode() == "auto"
+        graph = None if tmode is None else self._graphs.get((tmode, measuring, _key(args, not self.guards)))
         if graph is None:
             return self.fn
         if tmode == "reduce-overhead" or self.autograd:

@@ -645,16 +645,17 @@ def _penalty_step(links: Sequence[Link], x: torch.Tensor, p1: torch.Tensor, targ
     return [z.sub(g, alpha=eta) for z, g in zip(hidden, grads)], norms
 
 
-#: ``auto`` compiles a graph's predictive-coding step on CPU for runs of at least this many mini-batches:
-#: compiled, the step of the conv net, the residual network and VGG-5 took 0.37-1.0 of eager's time for a
-#: compile of 2-3 s per shape (``benchmarks/bench_graph_compile.py``)
+#: ``auto`` compiles a graph's predictive-coding step on CPU for runs of at least this many mini-batches, and
+#: keeps it where it measures faster than eager on the step's first calls: compiled, the step took 0.53 and 0.64
+#: of eager's time on the conv net and ResNet-20 but 1.12 on VGG-5, for 15-21 s of compiling
+#: (``benchmarks/bench_graph_compile.py``)
 GRAPH_AUTO_CPU_MIN_BATCHES = 500
 #: Predictive coding's value-node step on a graph (conv nets, residual networks, any model the engine reads) as one
 #: compiled call: forward predictions, their vector–Jacobian product (traced into the graph) and the update.
 #: Used by :meth:`LayeredProblem.gradient_step` for the clamped penalty energy of every model but dense chains (whose
 #: closed-form and whole-batch paths are faster), when compilation is active for it.
 PC_GRAPH_STEP = CompiledStep(_penalty_step, "the predictive-coding step of a graph",
-                             auto_cpu_min_batches=GRAPH_AUTO_CPU_MIN_BATCHES, autograd=True)
+                             auto_cpu_min_batches=GRAPH_AUTO_CPU_MIN_BATCHES, autograd=True, measure=True)
 
 
 def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
