@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from inferlearn.bilevel import Box as BilevelBox
-from inferlearn.units import (HARD_SIGMOID, HARD_TANH, LINEAR, RELU, Box, Clamp, UnitSet, get_units,
+from inferlearn.units import (HARD_SIGMOID, HARD_TANH, LINEAR, RELU, Box, Clamp, UnitSet, box, get_units,
                               units_of_module)
 
 
@@ -46,3 +46,28 @@ def test_relu6_is_the_box_zero_six():
     assert (u.lower, u.upper) == (0.0, 6.0)
     a = torch.linspace(-8, 8, 17)
     torch.testing.assert_close(u.project(a), nn.ReLU6()(a))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("units", ["relu", "hard-sigmoid", "hard-tanh", box(-0.3, 0.7)])
+def test_project_has_torch_clamps_values_and_gradient_exactly_at_and_next_to_the_bounds(units, dtype):
+    """``Box.project`` differentiates through its own backward (ReLU's kernel with a threshold one number below the
+    bound): against ``torch.clamp``'s autograd, values and gradients equal bit for bit, on points exactly at each
+    bound, one representable number either side of it, and random points; also differentiated twice."""
+    u = get_units(units)
+    lo, hi = u.clamp_bounds(torch.zeros((), dtype=dtype))
+    pts = [torch.randn(200, generator=torch.Generator().manual_seed(0), dtype=dtype) * 2]
+    for b in (lo, hi):
+        if b is not None:
+            t = torch.tensor([b], dtype=dtype)
+            pts += [t, torch.nextafter(t, t - 1), torch.nextafter(t, t + 1)]
+    a = torch.cat(pts).requires_grad_(True)
+    g = torch.rand(a.shape, generator=torch.Generator().manual_seed(1), dtype=dtype) + 0.5
+    out = u.project(a)
+    (ga,) = torch.autograd.grad(out, a, g, create_graph=True)
+    ref = a.clamp(min=lo, max=hi)
+    (gr,) = torch.autograd.grad(ref, a, g, create_graph=True)
+    assert torch.equal(out, ref) and torch.equal(ga, gr)
+    assert ga.requires_grad   # differentiable again (zero almost everywhere, as the clamp's)
+    with torch.no_grad():
+        assert torch.equal(u.project(a), ref)

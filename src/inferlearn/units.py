@@ -195,6 +195,9 @@ class Box:
         lo, hi = self.clamp_bounds(a)
         if lo is None and hi is None:
             return a
+        if a.requires_grad and torch.is_grad_enabled() and not isinstance(lo, torch.Tensor) \
+                and not isinstance(hi, torch.Tensor):
+            return _FloatClamp.apply(a, lo, hi)
         return a.clamp(min=lo, max=hi)
 
     def engaged(self, a: torch.Tensor) -> torch.Tensor:
@@ -262,6 +265,43 @@ def box(lower: float, upper: float) -> Box:
         if u.lower == lower and u.upper == upper:
             return u
     return Box(f"box[{lower:g},{upper:g}]", float(lower), float(upper))
+
+
+_BELOW: dict = {}   # (bound, dtype, direction) → the adjacent number of that dtype
+
+
+def _adjacent(bound: float, dtype: torch.dtype, up: bool) -> float:
+    """The ``dtype`` number just above (``up``) or below ``bound``: ``a > below(lo)`` ⟺ ``a ≥ lo`` in that dtype."""
+    key = (bound, dtype, up)
+    if key not in _BELOW:
+        b = torch.tensor(bound, dtype=dtype)
+        _BELOW[key] = float(torch.nextafter(b, torch.tensor(math.inf if up else -math.inf, dtype=dtype)))
+    return _BELOW[key]
+
+
+class _FloatClamp(torch.autograd.Function):
+    """``clamp(a, lo, hi)`` with number bounds and ``torch.clamp``'s derivative: 1 where the clamp leaves ``a``
+    unchanged (``lo ≤ a ≤ hi``, bounds included), 0 elsewhere. Its backward is ReLU's kernel
+    (``threshold_backward``, which passes ``g`` where ``a > t``) with ``t`` the number just below ``lo`` in ``a``'s
+    dtype, so ``a > t`` ⟺ ``a ≥ lo`` exactly; the upper bound likewise on ``−a``. The same values and gradients as
+    ``torch.clamp``, whose backward goes through boolean masks, several times slower on CPU
+    (``benchmarks/bench_units.py``)."""
+
+    @staticmethod
+    def forward(ctx, a, lo, hi):
+        ctx.save_for_backward(a)
+        ctx.bounds = lo, hi
+        return a.clamp(min=lo, max=hi)
+
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        lo, hi = ctx.bounds
+        if lo is not None:
+            g = torch.ops.aten.threshold_backward(g, a, _adjacent(lo, a.dtype, up=False))
+        if hi is not None:
+            g = torch.ops.aten.threshold_backward(g, a.neg(), -_adjacent(hi, a.dtype, up=True))
+        return g, None, None
 
 
 class Clamp(nn.Module):
