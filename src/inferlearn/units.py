@@ -47,6 +47,15 @@ def _check_bound(side: str, b) -> Bound:
     return float(b)
 
 
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _adjacent(bound: float, dtype: torch.dtype, up: bool) -> float:
+    """The ``dtype`` number just above (``up``) or below ``bound``: ``a > below(lo)`` ⟺ ``a ≥ lo`` in that dtype."""
+    b = torch.tensor(bound, dtype=dtype)
+    return float(torch.nextafter(b, torch.tensor(math.inf if up else -math.inf, dtype=dtype)))
+
+
 @dataclass(frozen=True, init=False, eq=False, repr=False)
 class Box:
     """The convex set ``C = {z : lower ≤ z ≤ upper}`` (coordinate-wise), and its projection ``Π_C``.
@@ -112,6 +121,10 @@ class Box:
         plain = (None if lo == -math.inf else lo, None if hi == math.inf else hi) \
             if isinstance(lo, float) and isinstance(hi, float) else None
         object.__setattr__(self, "_plain", plain)
+        # per floating dtype, the thresholds of _FloatClamp's backward (made here: a traced function cannot make them)
+        object.__setattr__(self, "_thresholds", {} if plain is None else {
+            dt: (None if plain[0] is None else _adjacent(plain[0], dt, up=False),
+                 None if plain[1] is None else _adjacent(plain[1], dt, up=True)) for dt in _FLOAT_DTYPES})
 
     # -- constructors --------------------------------------------------------------------------------
     @classmethod
@@ -195,9 +208,8 @@ class Box:
         lo, hi = self.clamp_bounds(a)
         if lo is None and hi is None:
             return a
-        if a.requires_grad and torch.is_grad_enabled() and not isinstance(lo, torch.Tensor) \
-                and not isinstance(hi, torch.Tensor):
-            return _FloatClamp.apply(a, lo, hi)
+        if a.requires_grad and torch.is_grad_enabled() and a.dtype in self._thresholds:
+            return _FloatClamp.apply(a, lo, hi, *self._thresholds[a.dtype])
         return a.clamp(min=lo, max=hi)
 
     def engaged(self, a: torch.Tensor) -> torch.Tensor:
@@ -267,18 +279,6 @@ def box(lower: float, upper: float) -> Box:
     return Box(f"box[{lower:g},{upper:g}]", float(lower), float(upper))
 
 
-_BELOW: dict = {}   # (bound, dtype, direction) → the adjacent number of that dtype
-
-
-def _adjacent(bound: float, dtype: torch.dtype, up: bool) -> float:
-    """The ``dtype`` number just above (``up``) or below ``bound``: ``a > below(lo)`` ⟺ ``a ≥ lo`` in that dtype."""
-    key = (bound, dtype, up)
-    if key not in _BELOW:
-        b = torch.tensor(bound, dtype=dtype)
-        _BELOW[key] = float(torch.nextafter(b, torch.tensor(math.inf if up else -math.inf, dtype=dtype)))
-    return _BELOW[key]
-
-
 class _FloatClamp(torch.autograd.Function):
     """``clamp(a, lo, hi)`` with number bounds and ``torch.clamp``'s derivative: 1 where the clamp leaves ``a``
     unchanged (``lo ≤ a ≤ hi``, bounds included), 0 elsewhere. Its backward is ReLU's kernel
@@ -288,20 +288,20 @@ class _FloatClamp(torch.autograd.Function):
     (``benchmarks/bench_units.py``)."""
 
     @staticmethod
-    def forward(ctx, a, lo, hi):
+    def forward(ctx, a, lo, hi, below_lo, above_hi):
         ctx.save_for_backward(a)
-        ctx.bounds = lo, hi
+        ctx.thresholds = below_lo, above_hi
         return a.clamp(min=lo, max=hi)
 
     @staticmethod
     def backward(ctx, g):
         (a,) = ctx.saved_tensors
-        lo, hi = ctx.bounds
-        if lo is not None:
-            g = torch.ops.aten.threshold_backward(g, a, _adjacent(lo, a.dtype, up=False))
-        if hi is not None:
-            g = torch.ops.aten.threshold_backward(g, a.neg(), -_adjacent(hi, a.dtype, up=True))
-        return g, None, None
+        below_lo, above_hi = ctx.thresholds
+        if below_lo is not None:
+            g = torch.ops.aten.threshold_backward(g, a, below_lo)
+        if above_hi is not None:
+            g = torch.ops.aten.threshold_backward(g, a.neg(), -above_hi)
+        return g, None, None, None, None
 
 
 class Clamp(nn.Module):
