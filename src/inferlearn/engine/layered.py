@@ -646,8 +646,8 @@ def _penalty_step(links: Sequence[Link], x: torch.Tensor, p1: torch.Tensor, targ
 
 
 #: ``auto`` compiles a graph's predictive-coding step on CPU for runs of at least this many mini-batches, and
-#: keeps it where it measures faster than eager on the step's first calls: compiled, the step took 0.53 and 0.64
-#: of eager's time on the conv net and ResNet-20 but 1.12 on VGG-5, for 15-21 s of compiling
+#: keeps it where it measures faster than eager on the step's first calls: compiled, the step took 0.54 and 0.62
+#: of eager's time on the conv net and ResNet-20 but 1.06 on VGG-5, for 16-23 s of compiling
 #: (``benchmarks/bench_graph_compile.py``)
 GRAPH_AUTO_CPU_MIN_BATCHES = 500
 #: Predictive coding's value-node step on a graph (conv nets, residual networks, any model the engine reads) as one

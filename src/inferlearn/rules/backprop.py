@@ -76,7 +76,7 @@ def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 #: Back-propagation's forward pass on any model but a dense chain (conv nets, residual networks, your own modules)
 #: as one compiled call; ``torch.compile`` compiles its backward as well (AOTAutograd). ``auto`` leaves it eager on
-#: CPU, where compiled it took 0.9-2.0 of eager's time on the conv net, the residual network and VGG-5
+#: CPU, where compiled it took 0.97-1.75 of eager's time on the conv net, the residual network and VGG-5
 #: (``benchmarks/bench_graph_compile.py``)
 GRAPH_FORWARD = CompiledStep(_forward, "back-propagation's forward pass of a graph")
 
