@@ -168,6 +168,7 @@ def test_auto_keeps_the_faster_of_compiled_and_eager_by_measuring(monkeypatch, c
         assert all(torch.equal(o, x + 1) for o in outs)
         (ratio,) = step.measured.values()
         assert (ratio >= 1.0) == (expect == "eager")
+        assert C.compile_decisions() == [f"a measured step: compiled took {ratio:.2f}x eager's time, kept {expect}"]
         assert (step.resolved(x) is fn) == (expect == "eager")
     with C.compiling("on"):   # 'on' compiles without measuring: a separate decision
         step(x)

@@ -58,7 +58,7 @@ class CompileWarning(RuntimeWarning):
 
 _state = threading.local()
 _steps: "weakref.WeakSet[CompiledStep]" = weakref.WeakSet()   # every step, so tests can drop their graphs
-_global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0, "planned": 0}
+_global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0, "planned": 0, "decisions": []}
 
 
 def check_compile_mode(mode: str) -> str:
@@ -130,6 +130,11 @@ def compiled_graphs() -> int:
     return _global["graphs"]
 
 
+def compile_decisions() -> list[str]:
+    """What the measuring steps chose since the process started, one line each (``CompiledStep``'s ``measure``)."""
+    return list(_global["decisions"])
+
+
 def compile_failed() -> bool:
     """Whether compilation failed (and the steps run eagerly) in this process."""
     return _global["failed"]
@@ -137,7 +142,7 @@ def compile_failed() -> bool:
 
 def reset_compile_state(graphs: bool = False) -> None:
     """Forget a failure and the counters (tests); compiled graphs stay cached in their steps unless ``graphs``."""
-    _global.update(failed=False, warned=False, seconds=0.0, graphs=0)
+    _global.update(failed=False, warned=False, seconds=0.0, graphs=0, decisions=[])
     if graphs:
         for step in list(_steps):
             step._graphs.clear()
@@ -285,6 +290,8 @@ class CompiledStep:
             ratio = statistics.median(comp) / statistics.median(eager)
             self._graphs[key] = graph if ratio < 1.0 else self.fn
             self.measured[key[2]] = ratio
+            _global["decisions"].append(f"{self.name}: compiled took {ratio:.2f}x eager's time, "
+                                        f"kept {'compiled' if ratio < 1.0 else 'eager'}")
         return out
 
     def resolved(self, *args) -> Callable:
@@ -328,4 +335,5 @@ def compiled_step(fn: Callable) -> CompiledStep:
 
 __all__ = ["MODES", "MAX_SHAPES", "CompileWarning", "CompiledStep", "compiled_step", "check_compile_mode", "set_compile",
            "compile_mode", "compiling", "planned_batches", "torch_mode", "compile_seconds", "compiled_graphs", "compile_failed",
+           "compile_decisions",
            "reset_compile_state"]

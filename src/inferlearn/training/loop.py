@@ -39,7 +39,7 @@ from ..data import Dataset, load_dataset
 from ..data.transforms import CropFlip, channel_stats, standardize
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
-from ..engine.compiled import compile_seconds, compiling, planned_batches
+from ..engine.compiled import compile_decisions, compile_seconds, compiling, planned_batches
 from ..errors import DivergenceError, InferlearnError, NonFiniteError, RunFolderError
 from ..losses import check_labels, one_hot, quadratic_loss
 from ..models import all_finite, build_model
@@ -407,7 +407,7 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
     board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard and main else None
     planned = (config.epochs - start) * (s.train_x.shape[0] // config.batch_size)   # full batches still to train
     for epoch in range(start + 1, config.epochs + 1):
-        t0, c0 = time.perf_counter(), compile_seconds()
+        t0, c0, d0 = time.perf_counter(), compile_seconds(), len(compile_decisions())
         with compiling(config.compile), planned_batches(planned):
             batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
         seconds = time.perf_counter() - t0
@@ -421,6 +421,7 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
             board.log_epoch(record, s.model.modules())
         if log:
             compiled = f" (compile {record['compile_seconds']:.1f}s)" if record["compile_seconds"] else ""
+            compiled += "".join(f"\n  auto: {d}" for d in compile_decisions()[d0:])   # what --compile auto measured
             val = f"val {record['val_acc']:.4f}  " if "val_acc" in record else ""
             log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  {val}"
                 f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s{compiled}")
