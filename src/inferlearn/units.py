@@ -23,6 +23,7 @@ References:
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ def _check_bound(side: str, b) -> Bound:
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+@functools.lru_cache(maxsize=None)
 def _adjacent(bound: float, dtype: torch.dtype, up: bool) -> float:
     """The ``dtype`` number just above (``up``) or below ``bound``: ``a > below(lo)`` ⟺ ``a ≥ lo`` in that dtype."""
     b = torch.tensor(bound, dtype=dtype)

@@ -235,6 +235,10 @@ class CompiledStep:
     def _torch_mode(self, device: torch.device) -> str | None:
         return torch_mode(compile_mode(), device, self.whole_batch, self.auto_cpu_min_batches)
 
+    def _measuring(self, device: torch.device) -> bool:
+        """Whether a call on ``device`` measures compiled against eager (``measure``: ``auto`` on CPU)."""
+        return self.measure and device.type == "cpu" and compile_mode() == "auto"
+
     def active(self, device: torch.device) -> bool:
         """Whether a call with tensors on ``device`` would run compiled."""
         return not _global["failed"] and self._torch_mode(device) is not None
@@ -246,7 +250,7 @@ class CompiledStep:
         tmode = self._torch_mode(device)
         if tmode is None:
             return self.fn(*args)
-        measuring = self.measure and device.type == "cpu" and compile_mode() == "auto"
+        measuring = self._measuring(device)
         key = (tmode, measuring, _key(args, not self.guards))
         graph = self._graphs.get(key)
         if graph is self.fn:   # measured slower compiled: eager
@@ -298,9 +302,10 @@ class CompiledStep:
         """What a call with ``args`` runs now: its compiled graph (compiled by an earlier call), else the eager
         function. A caller that makes the same call many times (same shapes and constants) may keep it and skip
         this step's per-call lookup; it must look again when the shapes, the constants or the mode change."""
-        tmode = None if _global["failed"] else self._torch_mode(_first_device(args))
-        measuring = self.measure and _first_device(args).type == "cpu" and compile_mode() == "auto"
-        graph = None if tmode is None else self._graphs.get((tmode, measuring, _key(args, not self.guards)))
+        device = _first_device(args)
+        tmode = None if _global["failed"] else self._torch_mode(device)
+        key = (tmode, self._measuring(device), _key(args, not self.guards))
+        graph = None if tmode is None else self._graphs.get(key)
         if graph is None:
             return self.fn
         if tmode == "reduce-overhead" or self.autograd:
