@@ -36,6 +36,7 @@ Usage::
     python benchmarks/bench_depth.py --run --stage investigate --investigate "64:pc:steps=130,step_size=0.1"
     python benchmarks/bench_depth.py --alignment --epochs-at 64=3      # PC's gradient vs BP's (a few minutes)
     python benchmarks/bench_depth.py --epochs-at 64=3        # summarise the existing folders only
+    python benchmarks/bench_depth.py --epc --run --jobs 1 --cores 1   # ePC, full MNIST, depth 8-128 (depth_epc.py)
 
 The committed results: depth 64 at 3 epochs (``--epochs-at 64=3``, every method), depth 8 and 32 at 5; the
 final runs were spread over the two cores with ``--cores``, ``--depths`` and ``--methods``.
@@ -550,7 +551,14 @@ def main() -> None:
     ap.add_argument("--alignment", action="store_true",
                     help="measure PC's gradient against BP's (init and trained checkpoints) -> results/depth/alignment.json")
     ap.add_argument("--investigate", action="append", default=[], metavar="DEPTH:METHOD:KEY=VAL,...")
+    ap.add_argument("--epc", action="store_true", help="the error-optimised PC study instead (full MNIST, depth up to "
+                    "128: benchmarks/depth_epc.py) -> results/depth_epc.md, .png")
+    ap.add_argument("--epc-search-depths", default="8", help="with --epc: the search depths (8, or 8,32)")
     args = ap.parse_args()
+    if args.epc:
+        import depth_epc
+        depth_epc.main(args, sys.argv[1:])
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     epochs_at = {int(k): int(v) for k, v in (e.split("=") for e in args.epochs_at)}
     cores = [int(c) for c in args.cores.split(",")] if args.cores else list(range(args.jobs))

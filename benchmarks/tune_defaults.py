@@ -62,6 +62,7 @@ ADAM_LRS = (3e-4, 1e-3, 3e-3)
 # these (passed explicitly, so a rerun after the defaults changed reproduces the same runs).
 PRE_TUNING = {
     "pc": {"steps": 15, "step_size": 0.1},
+    "epc": {"steps": 5, "step_size": 0.1},
     "backprop": {},
     "fenchel-bp": {"beta": 0.1},
     "contrastive": {"gamma": 1 / 8, "tol": 1e-5},     # tol: the block-pg solver's default (the rule's None)
@@ -79,6 +80,11 @@ SEARCH = {
     "pc": ("step_size", [{"step_size": (0.1, 0.2, 0.3, 0.4, 0.5), "lr": (0.1, 0.2, 0.4, 0.8)},
                          {"steps": (5, 10, 15, 20, 30)},
                          {"adam_lr": (1e-4,) + ADAM_LRS}]),
+    # ePC is meant for deep networks trained with Adam: its main knob is crossed with Adam's rate, then the
+    # iterations, then the SGD rate at the chosen options
+    "epc": ("step_size", [{"step_size": (0.001, 0.01, 0.03, 0.1, 0.3), "adam_lr": ADAM_LRS},
+                          {"steps": (3, 5, 10), "adam_lr": ADAM_LRS},
+                          {"lr": SGD_LRS}]),
     "backprop": ("lr", [{"lr": (0.05, 0.1, 0.2, 0.4, 0.8)}, {"adam_lr": ADAM_LRS}]),
     "fenchel-bp": ("beta", [{"beta": (0.01, 0.1, 1.0), "lr": SGD_LRS}, {"adam_lr": ADAM_LRS}]),
     "contrastive": ("gamma", [{"gamma": (1 / 16, 1 / 8, 1 / 4), "lr": SGD_LRS},
@@ -199,7 +205,8 @@ def tune_rule(rule: str, store: Store, args, pool) -> dict:
         trials = []
         for p in points:
             if "adam_lr" in p:
-                opt, lr, options = "adam", p["adam_lr"], dict(best["options"])
+                opt, lr = "adam", p["adam_lr"]
+                options = dict(best["options"]) | {k: v for k, v in p.items() if k != "adam_lr"}
             else:
                 opt = "sgd"
                 lr = p.get("lr", best["lr"])
@@ -221,7 +228,7 @@ def tune_rule(rule: str, store: Store, args, pool) -> dict:
         if knobs and keep and win[0] - max(keep, key=lambda t: t[0])[0] < TIE:
             win = max(keep, key=lambda t: t[0])   # within noise of the current option: keep it
         if win[1] == "adam":
-            best["adam_lr"] = win[2]
+            best["adam_lr"], best["options"] = win[2], win[3]   # a stage crossing knobs with Adam's rate sets both
         else:
             best["lr"], best["options"] = win[2], win[3]
         tables.append((stage, trials, win, [t[1:] for t in margin] if varies_lr else None))

@@ -83,6 +83,21 @@ def test_compiled_graph_pc_step_equals_eager(monkeypatch):
         assert abs(c.extras["solver_residual"] - e.extras["solver_residual"]) <= 1e-5 * e.extras["solver_residual"]
 
 
+@pytest.mark.parametrize("opts", [{"steps": 5, "step_size": 0.1}, {"steps": 4, "step_size": 0.05, "nudging": "symmetric"}])
+def test_compiled_epc_error_step_equals_eager(opts):
+    """ePC on a residual conv net (clamped, and a nudged output whose per-row nudge scale is a tensor argument): the
+    compiled error step gives the eager gradients to 1e-6 relative, the same loss and number of iterations."""
+    from inferlearn.engine import error_inference
+
+    rule = make_rule("epc", opts)
+    eager, e_infos = _grads(rule, "off")
+    comp, c_infos = _compiled(rule, error_inference.EPC_GRAPH_STEP)
+    assert _rel(comp, eager) <= 1e-6
+    for c, e in zip(c_infos, e_infos):
+        assert c.extras["inference_steps"] == e.extras["inference_steps"] == opts["steps"]
+        assert abs(c.loss - e.loss) <= 1e-6 * abs(e.loss)
+
+
 def test_compiled_graph_bp_equals_eager_and_still_checks_labels():
     """Back-propagation on a residual conv net: the compiled forward pass (and its compiled backward) gives the
     eager gradients to 1e-6 relative; a label beyond the output still gets the eager check's message."""

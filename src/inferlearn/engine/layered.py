@@ -529,9 +529,11 @@ class LayeredProblem(BatchProblem):
 
         ``kwargs`` (``target``, ``clamped``, ``nudge``, ``beta``) describe the stacked rows.
         """
-        p = LayeredProblem(self.energy, torch.cat([self.x] * copies), a1=torch.cat([self.a1] * copies), **kwargs)
+        x, a1 = (self.x, self.a1) if copies == 1 else (torch.cat([self.x] * copies), torch.cat([self.a1] * copies))
+        p = LayeredProblem(self.energy, x, a1=a1, **kwargs)
         hidden, pre = self.forward_state() if init is None else (list(init), self.pre_of(init))
-        p._fwd = ([torch.cat([h] * copies) for h in hidden], [None] + [torch.cat([a] * copies) for a in pre[1:]])
+        stack = (lambda t: t) if copies == 1 else (lambda t: torch.cat([t] * copies))   # the solvers copy what they change
+        p._fwd = ([stack(h) for h in hidden], [None] + [stack(a) for a in pre[1:]])
         return p
 
     def check_feasible(self, hidden: Sequence[torch.Tensor]) -> None:
@@ -565,6 +567,7 @@ class LayeredProblem(BatchProblem):
         with torch.no_grad():
             zs = [z.detach() for z in self.full(hidden)]
         closed = self._closed_form()
+        preds, cotangents = [], []   # the penalty terms' backward by hand: ∂T_k/∂p_k of p_k = f_k(a_k), one VJP
         with torch.enable_grad():
             total = 0.0
             for k in range(1, self.depth + 1):
@@ -581,6 +584,14 @@ class LayeredProblem(BatchProblem):
                         _accumulate(lin.weight, r.t().mm(zs[k - 1]))
                         if lin.bias is not None:
                             _accumulate(lin.bias, r.sum(0))
+                    continue
+                if e.kind == "penalty" and (zs[k].dtype == torch.float64 or not precise):
+                    p = link.act(link.pre(zs))
+                    d = (cross_entropy_gradient(p.detach(), zs[k]) if e.output == "ce" and k == self.depth
+                         else p.detach() - zs[k])
+                    c = coef.reshape(-1, *([1] * (d.dim() - 1))) if torch.is_tensor(coef) else coef
+                    preds.append(p)
+                    cotangents.append(d.mul_(c).mul_(s))
                     continue
                 if zs[k].dtype == torch.float64 or not precise:
                     a = link.pre(zs)
@@ -601,6 +612,9 @@ class LayeredProblem(BatchProblem):
                     _accumulate(p, g.to(p.dtype))
             if torch.is_tensor(total) and total.requires_grad:
                 total.backward()
+            kept = [(p, d) for p, d in zip(preds, cotangents) if p.requires_grad]
+            if kept:
+                torch.autograd.backward([p for p, _ in kept], [d for _, d in kept])
 
 
 def penalty_gradients(links: Sequence[Link], x: torch.Tensor, p1: torch.Tensor, target: torch.Tensor,

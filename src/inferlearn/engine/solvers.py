@@ -32,6 +32,7 @@ import torch
 
 from .compiled import CompiledStep
 from .dense import LiftedProblem
+from .error_inference import ErrorProblem
 from .layered import LayeredProblem, gram_norm_bound, operator_norm_sq
 from ..errors import ConvergenceError, ConvergenceWarning, NonFiniteError
 
@@ -799,8 +800,8 @@ class GradientSteps(Solver):
 
     def solve(self, problem: LayeredProblem, init: list[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], SolveInfo]:
         """As :meth:`Solver.solve`; from a warm start ``init`` the signal ``r_0`` is measured at the forward pass."""
-        if not isinstance(problem, LayeredProblem):
-            raise TypeError("GradientSteps solves LayeredProblem instances")
+        if not isinstance(problem, (LayeredProblem, ErrorProblem)):
+            raise TypeError("GradientSteps solves LayeredProblem and ErrorProblem instances")
         if problem.depth == 1:
             return [], SolveInfo(self.name, 0, 0.0, True, None)
         signal = None
@@ -970,7 +971,10 @@ class OptimizerSteps(GradientSteps):
 
 
 def layer_errors(problem: LayeredProblem, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``ε_k = z_k − f_k(a_k)`` of the hidden nodes (the penalty energy's prediction errors; one forward pass)."""
+    """``ε_k = z_k − f_k(a_k)`` of the hidden nodes (the penalty energy's prediction errors; one forward pass, none in
+    error coordinates, whose variables they are)."""
+    if isinstance(problem, ErrorProblem):
+        return problem.layer_errors(hidden)
     pre, e = problem.pre_of(hidden), problem.energy
     return [z - e.link(k).act(pre[k]) for k, z in enumerate(hidden, start=1)]
 

@@ -11,10 +11,11 @@ from .lifted import LiftedJ0
 from .fenchel import FenchelBackProp
 from .eqprop import EquilibriumPropagation
 from .predictive_coding import PredictiveCoding
+from .error_predictive_coding import ErrorPredictiveCoding
 from .lifted_fenchel import LiftedFenchel
 from .mac import MAC
 from .lpom import LPOM
 
 __all__ = ["RULES", "Rule", "StepInfo", "accumulate_grad", "make_rule", "recommended_lr", "register_rule", "rule_options",
            "BackProp", "Contrastive", "LiftedJ0", "FenchelBackProp", "EquilibriumPropagation",
-           "PredictiveCoding", "LiftedFenchel", "MAC", "LPOM"]
+           "PredictiveCoding", "ErrorPredictiveCoding", "LiftedFenchel", "MAC", "LPOM"]

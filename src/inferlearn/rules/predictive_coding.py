@@ -178,6 +178,10 @@ class PredictiveCoding(Rule):
         return OptimizerSteps(self.steps, self.step_size, self.tol, optimizer=self.inference_optimizer,
                               momentum=self.inference_momentum, label=self.name)
 
+    def _infer(self, problem: LayeredProblem):
+        """``(value nodes, SolveInfo)`` of the inference on a state problem (the generic engine's; ePC overrides it)."""
+        return self._solver.solve(problem)
+
     def energy(self, chain: Chain) -> LayeredEnergy:
         """The penalty energy of a chain (hidden terms weight 1, the output term ``π``)."""
         return penalty_energy(chain, self.output_weight, self.output)
@@ -248,7 +252,7 @@ class PredictiveCoding(Rule):
             free = LayeredProblem(self.energy(chain), x) if free is None else free
             output = chain.links[-1].act(free.forward_state()[1][L])
             problem = free.stacked(1, target=target)
-            hidden, info = self._solver.solve(problem)
+            hidden, info = self._infer(problem)
             it = info.iterations
             problem.accumulate_weight_grads(hidden, 1.0 / (B * pi), precise=False)
             summary = None
@@ -275,7 +279,7 @@ class PredictiveCoding(Rule):
         n = len(phases)
         problem = NudgedOutputProblem(energy, torch.cat([x] * n), torch.cat([y] * n), rows(lambda p: p.sign),
                                       self.beta, self.output, a1=torch.cat([free.a1] * n))
-        hidden, info = self._solver.solve(problem)
+        hidden, info = self._infer(problem)
         problem.accumulate_weight_grads(hidden, rows(lambda p: p.weight) / (B * self.beta), precise=n > 1)
         check_inference_finite(self.name, chain, hidden, info.iterations, self.step_size)
         extras = {"inference_steps": info.iterations, "hidden": [h.detach() for h in hidden],

@@ -1,0 +1,101 @@
+"""Error-optimised predictive coding (ePC): predictive coding's energy, inferred in the coordinates of its errors.
+
+The energy, its minimisers and the weight gradient are state-based predictive coding's
+(:class:`~inferlearn.rules.predictive_coding.PredictiveCoding`: the penalty energy, squared-error or cross-entropy
+output term, clamped or nudged output, ``∇_θ F / (Bπ)`` read off the state energy at the inferred point with the
+states held fixed, so the weight update stays local); only the variables of inference change. ePC's variables are
+the prediction errors ``e_k`` (started at 0, the forward pass), the states a function of them
+(:mod:`inferlearn.engine.error_inference`)::
+
+    s_k = f_k(a_k(s)) + e_k,     E(e) = Σ_{k<L} ½‖e_k‖² + π ℓ(f_L(a_L(s)), y),     e ← e − η ∂E/∂e   (K times)
+
+and ``∂E/∂e`` is one forward pass with the errors injected and one reverse pass, so the output error reaches every
+node at the first step. State PC moves it one node per step: after ``T`` steps node ``L − d`` has seen about
+``C(T, d) ηᵈ`` of it, which is why deep state-based networks train only their top (``benchmarks/results/depth.md``).
+
+**Regimes.** From ``e = 0`` one plain step gives ``e_k = −η δ_k``, ``δ_k`` back-propagation's delta of ``πℓ`` at node
+``k`` (exactly, at zero errors), and ``K`` small steps ``e_k ≈ −(1 − (1 − η)^K) δ_k``; the weight gradient of a
+hidden node's map is then ``c_K`` times back-propagation's, ``c_K = 1 − (1 − η)^K ≈ Kη``, and the output layer's is
+back-propagation's itself (``O(η)`` corrections; tested). So with a small error step and few iterations ePC's update
+is back-propagation's direction with the hidden layers scaled by ``c_K`` (its authors' ``BP = ePC / e_lr``); run to
+convergence it is state-based PC's equilibrium, whose hidden errors are ``(I + JᵀJ)^{-1}``-filtered deltas. Both are
+legitimate and differ. The defaults are in the first regime: ``η = 0.001``, ``K = 5`` (``c_K = 0.005``; the ePC
+paper's VGG setting), chosen with Adam on validation splits (``benchmarks/tune_defaults.py --rules epc``: larger steps
+scored lower, and η ≥ 0.01 collapsed at Adam 3e-3), where ePC trains like back-propagation with Adam, which is blind
+to the per-layer scale; with plain SGD the hidden layers then learn ``c_K`` times slower (SGD scored 0.72 against
+Adam's 0.91 there), so use Adam, or a larger ``step_size``. ``benchmarks/bench_epc_alignment.py`` measures how far
+the defaults' gradient is from back-propagation's and from the equilibrium's.
+
+Convergence: the checks of :class:`~inferlearn.engine.solvers.GradientSteps` (the first and the last step; a solve
+whose last step is larger than the first warns once per run), without its per-layer criterion, which detects an
+output error that has not reached a layer: in error coordinates it reaches every layer on the first step.
+
+References:
+    Goemaere, Oliviers, Bogacz, Demeester, "ePC: Fast and Deep Predictive Coding in Digital Simulation", ICML 2026
+    (arXiv:2505.20137); Whittington & Bogacz (2017).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..engine.chain import DIFFERENTIABLE, model_chain
+from ..engine.error_inference import ErrorProblem
+from ..engine.layered import LayeredProblem
+from ..engine.solvers import GradientSteps
+from .base import register_rule
+from .predictive_coding import PredictiveCoding
+
+
+@register_rule
+@dataclass
+class ErrorPredictiveCoding(PredictiveCoding):
+    """Error-optimised predictive coding: PC's energy and weight gradient, ``K`` steps on the errors.
+
+    Args:
+        steps: error iterations ``K`` (5, as in the ePC paper's benchmarks); each costs one forward and one reverse
+            pass, and the weight gradient one more.
+        step_size: the error step ``η`` (0.001, per sample: the energy is summed over the batch; ``< 2``, and small
+            enough for the error energy's curvature ``1 + λ_max(JᵀJ)``, which grows with the network's gain).
+        inference_optimizer: ``"sgd"`` (plain steps), ``"momentum"`` or ``"adam"`` on the errors (PC's options).
+        output, output_weight, nudging, beta, tol, inference_momentum: as :class:`PredictiveCoding`'s.
+        engine: ``"auto"`` or ``"generic"`` (ePC has no fused dense loop: every model runs on the graph engine).
+
+    ``weight_step`` (incremental PC) is not an ePC option.
+    """
+
+    name = "epc"
+    recommended_lr = {"sgd": 0.2, "adam": 1e-3}   # benchmarks/tune_defaults.py --rules epc, validation splits
+    steps: int = 5
+    step_size: float = 0.001
+
+    def __post_init__(self) -> None:
+        if self.weight_step is not None:
+            raise ValueError(f"Invalid weight_step: {self.weight_step} (incremental PC is a state-based option; "
+                             "use --rule pc for iPC)")
+        if self.engine == "fused":
+            raise ValueError("Invalid engine: 'fused' (ePC runs on the graph engine; use engine='auto')")
+        if isinstance(self.steps, int) and not isinstance(self.steps, bool) and self.steps < 1:
+            raise ValueError(f"Invalid steps: {self.steps} (ePC needs at least one error iteration: without one the "
+                             "errors stay 0 and only the last layer learns; use steps >= 1)")
+        super().__post_init__()
+
+    def _inference_solver(self) -> GradientSteps:
+        solver = super()._inference_solver()
+        solver.far_layer = None   # the output error reaches every layer at the first step (module docstring)
+        return solver
+
+    def _infer(self, problem: LayeredProblem):
+        """Solve the state problem in error coordinates; returns its value nodes at the final errors."""
+        errors_problem = ErrorProblem(problem)
+        errors, info = self._solver.solve(errors_problem)
+        return (errors_problem.states(errors) if errors else []), info
+
+    def _chain(self, model: nn.Module, x: torch.Tensor):
+        return model_chain(model, DIFFERENTIABLE, self.name, example=x), False
+
+    def dense_plan(self, model: nn.Module):
+        """``None``: ePC has no whole-batch fused loop."""
+        return None
