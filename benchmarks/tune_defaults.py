@@ -82,7 +82,7 @@ SEARCH = {
                          {"adam_lr": (1e-4,) + ADAM_LRS}]),
     # ePC is meant for deep networks trained with Adam: its main knob is crossed with Adam's rate, then the
     # iterations, then the SGD rate at the chosen options
-    "epc": ("step_size", [{"step_size": (0.001, 0.01, 0.03, 0.1, 0.3), "adam_lr": ADAM_LRS},
+    "epc": ("step_size", [{"step_size": (0.0001, 0.001, 0.01, 0.03, 0.1, 0.3), "adam_lr": ADAM_LRS},
                           {"steps": (3, 5, 10), "adam_lr": ADAM_LRS},
                           {"lr": SGD_LRS}]),
     "backprop": ("lr", [{"lr": (0.05, 0.1, 0.2, 0.4, 0.8)}, {"adam_lr": ADAM_LRS}]),

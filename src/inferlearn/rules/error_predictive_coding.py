@@ -60,10 +60,10 @@ class ErrorPredictiveCoding(PredictiveCoding):
         step_size: the error step ``η`` (0.001, per sample: the energy is summed over the batch; ``< 2``, and small
             enough for the error energy's curvature ``1 + λ_max(JᵀJ)``, which grows with the network's gain).
         inference_optimizer: ``"sgd"`` (plain steps), ``"momentum"`` or ``"adam"`` on the errors (PC's options).
-        output, output_weight, nudging, beta, tol, inference_momentum: as :class:`PredictiveCoding`'s.
         engine: ``"auto"`` or ``"generic"`` (ePC has no fused dense loop: every model runs on the graph engine).
 
-    ``weight_step`` (incremental PC) is not an ePC option.
+    The other options (``output``, ``output_weight``, ``nudging``, ``beta``, ``tol``, ``inference_momentum``) are
+    :class:`PredictiveCoding`'s; ``weight_step`` (incremental PC) is not an ePC option.
     """
 
     name = "epc"
