@@ -11,7 +11,7 @@ For three models at initialisation (float32, the squared-error output for every 
 each weight layer's gradient (its weight and bias together) under
 
 * state PC at its defaults (T = 20, η = 0.1) and at the benchmark's conv setting (T = 7);
-* ePC at its defaults (K = 5, η = 0.001);
+* ePC at its defaults (K = 5, η = 1e-4);
 * ePC near its equilibrium (K = 200, η = 0.3 for the MLP and VGG-5; η = 0.5, K = 200 for the residual MLP):
   state PC's equilibrium, reached in error coordinates,
 
@@ -50,7 +50,7 @@ MODELS = {
 def variants(eq_eta: float) -> list[tuple[str, str, dict]]:
     return [("state PC, defaults (T = 20, η = 0.1)", "pc", {}),
             ("state PC, T = 7", "pc", {"steps": 7}),
-            ("ePC, defaults (K = 5, η = 0.001)", "epc", {}),
+            ("ePC, defaults (K = 5, η = 1e-4)", "epc", {}),
             (f"ePC near equilibrium (K = 200, η = {eq_eta:g})", "epc", {"steps": 200, "step_size": eq_eta})]
 
 

@@ -228,3 +228,27 @@ def test_epc_reaches_the_bottom_of_a_deep_residual_mlp_in_float32():
     for a, b in zip(epc, bp):
         cos = float((a * b).sum() / (a.norm() * b.norm()))
         assert cos > 0.9
+
+
+def test_overshooting_error_steps_warn_once_with_the_fix():
+    """Where η times the error energy's curvature passes 2 (large weights), the plain steps grow instead of shrinking:
+    one ConvergenceWarning per run says they overshoot and to lower step_size (PC's text, "raise steps", would be
+    the wrong fix)."""
+    import warnings
+
+    from inferlearn.errors import ConvergenceWarning
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 30), nn.ReLU(), nn.Linear(30, 5))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(15.0)
+    x, labels = torch.randn(16, 20), torch.randint(0, 5, (16,))
+    rule = make_rule("epc", {"step_size": 1e-3})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        info = rule.backward(model, x, labels)
+        rule.backward(model, x, labels)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert info.extras["far"] and len(msgs) == 1
+    assert "overshoot" in msgs[0] and "lower step_size (now 0.001)" in msgs[0]

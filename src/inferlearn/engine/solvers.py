@@ -786,6 +786,9 @@ class GradientSteps(Solver):
 
     name = "pc-steps"
     in_place = True    # Solver.solve hands over copies; the steps update them in place
+    #: the reading and fix of a last step larger than the first (``{step_size}`` is filled in); ``None``: PC's (the
+    #: steps did not relax the start); ePC sets it: there the steps overshoot
+    growth_fix: str | None = None
 
     def __init__(self, steps: int = 15, step_size: float = 0.1, tol: float | None = None, on_fail: str = "warn",
                  far_rtol: float | None = 1.0, far_layer: float | None = 2.0, label: str | None = None,
@@ -880,9 +883,11 @@ class GradientSteps(Solver):
         fix = f"raise steps (now {self.steps}) or step_size (now {self.step_size:g}){self.advice}"
         rho = residual / initial
         if self.far_rtol is not None and rho > self.far_rtol:
+            grew = self.growth_fix.format(step_size=self.step_size) if self.growth_fix else (
+                f"the gradient follows the starting point, not the equilibrium; {fix}")
             warn_far(self, info, f"{self.label}: inference far from equilibrium after {iterations} steps: the largest step "
                      f"left, {residual:.3g}, is {rho:.2g}x the forward pass's {initial:.3g} (> {self.far_rtol:g}), so "
-                     f"the gradient follows the starting point, not the equilibrium; {fix}", self.on_fail)
+                     f"{grew}", self.on_fail)
             return info
         if self.far_layer is not None and layers:
             negligible = max(CONVERGED_RTOL * initial, floor)

@@ -19,15 +19,18 @@ hidden node's map is then ``c_K`` times back-propagation's, ``c_K = 1 − (1 −
 back-propagation's itself (``O(η)`` corrections; tested). So with a small error step and few iterations ePC's update
 is back-propagation's direction with the hidden layers scaled by ``c_K`` (its authors' ``BP = ePC / e_lr``); run to
 convergence it is state-based PC's equilibrium, whose hidden errors are ``(I + JᵀJ)^{-1}``-filtered deltas. Both are
-legitimate and differ. The defaults are in the first regime: ``η = 0.001``, ``K = 5`` (``c_K = 0.005``; the ePC
-paper's VGG setting), chosen with Adam on validation splits (``benchmarks/tune_defaults.py --rules epc``: larger steps
-scored lower, and η ≥ 0.01 collapsed at Adam 3e-3), where ePC trains like back-propagation with Adam, which is blind
-to the per-layer scale; with plain SGD the hidden layers then learn ``c_K`` times slower (SGD scored 0.72 against
-Adam's 0.91 there), so use Adam, or a larger ``step_size``. ``benchmarks/bench_epc_alignment.py`` measures how far
+legitimate and differ. The defaults are in the first regime: ``η = 1e-4``, ``K = 5`` (``c_K = 5e-4``), chosen with
+Adam on validation splits (``benchmarks/tune_defaults.py --rules epc``: η = 1e-4 and 1e-3 tied, larger steps scored
+lower and η ≥ 0.01 collapsed at Adam 3e-3) and made the smaller of the two because η = 1e-3 (the ePC paper's VGG
+setting) overshoots once training grows the network's gain — the regime needs ``η λ_max(1 + JᵀJ) ≪ 1`` (VGG-5 at
+AdamW 3e-3 and the 128-layer residual MLP, ``benchmarks/results/tuning/epc.md``). There ePC trains like
+back-propagation with Adam, which is blind to the per-layer scale; with plain SGD the hidden layers learn ``c_K``
+times slower, so use Adam, or a larger ``step_size``. ``benchmarks/bench_epc_alignment.py`` measures how far
 the defaults' gradient is from back-propagation's and from the equilibrium's.
 
 Convergence: the checks of :class:`~inferlearn.engine.solvers.GradientSteps` (the first and the last step; a solve
-whose last step is larger than the first warns once per run), without its per-layer criterion, which detects an
+whose last step is larger than the first warns once per run, here with the reading that the steps overshoot and the fix
+of a smaller step), without its per-layer criterion, which detects an
 output error that has not reached a layer: in error coordinates it reaches every layer on the first step.
 
 References:
@@ -57,7 +60,7 @@ class ErrorPredictiveCoding(PredictiveCoding):
     Args:
         steps: error iterations ``K`` (5, as in the ePC paper's benchmarks); each costs one forward and one reverse
             pass, and the weight gradient one more.
-        step_size: the error step ``η`` (0.001, per sample: the energy is summed over the batch; ``< 2``, and small
+        step_size: the error step ``η`` (1e-4, per sample: the energy is summed over the batch; ``< 2``, and small
             enough for the error energy's curvature ``1 + λ_max(JᵀJ)``, which grows with the network's gain).
         inference_optimizer: ``"sgd"`` (plain steps), ``"momentum"`` or ``"adam"`` on the errors (PC's options).
         engine: ``"auto"`` or ``"generic"`` (ePC has no fused dense loop: every model runs on the graph engine).
@@ -69,7 +72,7 @@ class ErrorPredictiveCoding(PredictiveCoding):
     name = "epc"
     recommended_lr = {"sgd": 0.2, "adam": 1e-3}   # benchmarks/tune_defaults.py --rules epc, validation splits
     steps: int = 5
-    step_size: float = 0.001
+    step_size: float = 0.0001
 
     def __post_init__(self) -> None:
         if self.weight_step is not None:
@@ -85,6 +88,9 @@ class ErrorPredictiveCoding(PredictiveCoding):
     def _inference_solver(self) -> GradientSteps:
         solver = super()._inference_solver()
         solver.far_layer = None   # the output error reaches every layer at the first step (module docstring)
+        # from e = 0 the plain steps shrink while η λ_max(1 + JᵀJ) < 2: a growing step is an overshoot
+        solver.growth_fix = ("the error steps overshoot: η λ_max(1 + JᵀJ) > 2, a curvature that grows with the network's "
+                             "gain as training grows the weights; lower step_size (now {step_size:g})")
         return solver
 
     def _infer(self, problem: LayeredProblem):
