@@ -37,7 +37,7 @@ CONV_DEPTHS = (8, 32, 64)
 FASHION_DEPTH = 64
 SEARCH_VAL = 5000
 SEARCH_EPOCHS = {8: 3, 32: 2}
-SEARCH_ETAS = (0.001, 0.01)
+SEARCH_ETAS = (0.0001, 0.001, 0.01)
 SEARCH_STEPS = 5
 SEARCH_LRS = (0.003, 0.01, 0.03, 0.1)
 SEARCH_BP_LRS = (0.01, 0.03, 0.1)
@@ -124,8 +124,9 @@ INVESTIGATE = ((128, "mnist", 1e-4), (FASHION_DEPTH, "fashion-mnist", 1e-4))
 
 
 def investigate_specs(ch: dict) -> list[dict]:
+    """The investigation rows (none where the search chose their step: they are then final rows)."""
     return [spec("investigate", d, "epc", lr=ch["epc"][1], eta=eta, epochs=EPOCHS, data=data)
-            for d, data, eta in INVESTIGATE]
+            for d, data, eta in INVESTIGATE if eta != ch["epc"][0]]
 
 
 def run(cores: list[int], search_depths: list[int]) -> dict:
