@@ -511,6 +511,11 @@ class LayeredProblem(BatchProblem):
             out.append(g)
         return out
 
+    def layer_errors(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``ε_k = z_k − f_k(a_k)`` of the hidden nodes (the penalty energy's prediction errors; one forward pass)."""
+        pre = self.pre_of(hidden)
+        return [z - self.energy.link(k).act(pre[k]) for k, z in enumerate(hidden, start=1)]
+
     def residuals(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per-row optimality residual ``max_k ‖z_k − Π_k(z_k − ∂E/∂z_k / w_k)‖_∞`` (0 at the minimiser)."""
         out = torch.zeros(self.batch, dtype=self.x.dtype, device=self.x.device)

@@ -836,7 +836,7 @@ class GradientSteps(Solver):
             errors = [] if last else None
             hidden = problem.gradient_step(hidden, eta, errors)
             if last and not errors:   # not handed back by the step: one forward pass at the old point
-                errors = torch._foreach_norm(layer_errors(problem, old))
+                errors = torch._foreach_norm(problem.layer_errors(old))
             if check:   # one fused reduction per quantity over all layers, one synchronisation
                 steps = torch._foreach_sub(hidden, old)
                 big = max_abs(steps)
@@ -958,7 +958,7 @@ class OptimizerSteps(GradientSteps):
                 first = residual if it == 1 else first
                 if last:
                     layers = [(eta * b, float(g.norm()), float(err.norm()))
-                              for b, g, err in zip(big, grads, layer_errors(problem, hidden))]
+                              for b, g, err in zip(big, grads, problem.layer_errors(hidden))]
                 if self.tol is not None and residual <= self.tol:
                     break
             new = []
@@ -973,15 +973,6 @@ class OptimizerSteps(GradientSteps):
                 new.append(e.project(k, z - eta * step))
             hidden = new
         return hidden, self.report(it, residual, first if signal is None else signal, layers, residual_floor(hidden))
-
-
-def layer_errors(problem: LayeredProblem, hidden: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``ε_k = z_k − f_k(a_k)`` of the hidden nodes (the penalty energy's prediction errors; one forward pass, none in
-    error coordinates, whose variables they are)."""
-    if isinstance(problem, ErrorProblem):
-        return problem.layer_errors(hidden)
-    pre, e = problem.pre_of(hidden), problem.energy
-    return [z - e.link(k).act(pre[k]) for k, z in enumerate(hidden, start=1)]
 
 
 SOLVERS = {"cd": CoordinateDescent, "block-pg": BlockProjectedGradient, "reference": ReferenceSolver}
