@@ -188,3 +188,29 @@ def test_auto_keeps_the_faster_of_compiled_and_eager_by_measuring(monkeypatch, c
     with C.compiling("on"):   # 'on' compiles without measuring: a separate decision
         step(x)
         assert step.resolved(x) is not fn
+
+
+def test_auto_measured_choice_is_recorded_and_replayed_without_measuring_again():
+    """A resumed run must take the choice the interrupted one measured (compiled and eager round differently, and a
+    new measurement may choose otherwise): ``measured_choices`` records it by step name (the checkpoint keeps it),
+    ``replay_choices`` makes the step take it without a trial."""
+    from inferlearn.engine import error_inference
+
+    step = error_inference.EPC_GRAPH_STEP
+    rule = make_rule("epc", {"steps": 5})
+    x, y = _data()
+    model = ResidualConvNet()
+    C.reset_compile_state(graphs=True)
+    with C.compiling("auto"), C.planned_batches(1000):
+        for _ in range(3):   # 15 steps: the trial's 3 eager and 3 compiled calls, then the kept one
+            rule.backward(model, x, y)
+    choices = C.measured_choices()
+    assert step.name in choices and len(C.compile_decisions()) == 1
+    for keep in (False, True):
+        C.reset_compile_state(graphs=True)
+        C.replay_choices({step.name: keep})
+        with C.compiling("auto"), C.planned_batches(1000):
+            rule.backward(ResidualConvNet(), x, y)
+        assert not step._trials and C.compile_decisions() == []   # no new measurement
+        assert bool(step._graphs) and all((g is step.fn) != keep for g in step._graphs.values())
+        assert C.compiled_graphs() == (1 if keep else 0)

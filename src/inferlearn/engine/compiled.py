@@ -58,7 +58,8 @@ class CompileWarning(RuntimeWarning):
 
 _state = threading.local()
 _steps: "weakref.WeakSet[CompiledStep]" = weakref.WeakSet()   # every step, so tests can drop their graphs
-_global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0, "planned": 0, "decisions": []}
+_global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0, "planned": 0, "decisions": [],
+           "choices": {}}
 
 
 def check_compile_mode(mode: str) -> str:
@@ -142,12 +143,24 @@ def compile_failed() -> bool:
 
 def reset_compile_state(graphs: bool = False) -> None:
     """Forget a failure and the counters (tests); compiled graphs stay cached in their steps unless ``graphs``."""
-    _global.update(failed=False, warned=False, seconds=0.0, graphs=0, decisions=[])
+    _global.update(failed=False, warned=False, seconds=0.0, graphs=0, decisions=[], choices={})
     if graphs:
         for step in list(_steps):
             step._graphs.clear()
             step._trials.clear()
             step.measured.clear()
+
+
+def measured_choices() -> dict[str, bool]:
+    """What ``auto``'s measurements kept, by step name: ``True`` compiled, ``False`` eager (the training loop saves it in
+    every checkpoint, so that a resumed run replays the choice instead of measuring again: a new measurement may
+    choose otherwise, and compiled and eager round differently)."""
+    return dict(_global["choices"])
+
+
+def replay_choices(choices: dict[str, bool]) -> None:
+    """Make ``auto``'s measuring steps take these choices (by step name) instead of measuring (``--resume``)."""
+    _global["choices"] = {str(k): bool(v) for k, v in dict(choices).items()}
 
 
 def _fail(name: str, exc: BaseException) -> None:
@@ -253,6 +266,10 @@ class CompiledStep:
         measuring = self._measuring(device)
         key = (tmode, measuring, _key(args, not self.guards))
         graph = self._graphs.get(key)
+        if graph is None and measuring and self.name in _global["choices"] and not _global["choices"][self.name]:
+            self._graphs[key] = graph = self.fn   # replayed: eager, as measured before
+        if graph is None and measuring and _global["choices"].get(self.name):
+            measuring = False                     # replayed: compiled, without a new measurement
         if graph is self.fn:   # measured slower compiled: eager
             return self.fn(*args)
         if graph is None and key in self._trials:
@@ -294,6 +311,7 @@ class CompiledStep:
             ratio = statistics.median(comp) / statistics.median(eager)
             self._graphs[key] = graph if ratio < 1.0 else self.fn
             self.measured[key[2]] = ratio
+            _global["choices"].setdefault(self.name, ratio < 1.0)
             _global["decisions"].append(f"{self.name}: compiled took {ratio:.2f}x eager's time, "
                                         f"kept {'compiled' if ratio < 1.0 else 'eager'}")
         return out

@@ -39,7 +39,8 @@ from ..data import Dataset, load_dataset
 from ..data.transforms import CropFlip, channel_stats, standardize
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
-from ..engine.compiled import compile_decisions, compile_seconds, compiling, planned_batches
+from ..engine.compiled import (compile_decisions, compile_seconds, compiling, measured_choices, planned_batches,
+                               replay_choices)
 from ..errors import DivergenceError, InferlearnError, NonFiniteError, RunFolderError
 from ..losses import check_labels, one_hot, quadratic_loss
 from ..models import all_finite, build_model
@@ -321,7 +322,7 @@ def epoch_metrics(s: Setup, epoch: int, batch_loss: float, seconds: float) -> di
 def _checkpoint(s: Setup, epoch: int, history: list[dict]) -> dict:
     ckpt = {"epoch": epoch, "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
             "scheduler": s.scheduler.state_dict(), "history": history, "first_loss": s.first_loss,
-            "rule_state": s.rule.state_dict()}
+            "rule_state": s.rule.state_dict(), "compile_choices": measured_choices()}
     if s.augment is not None:
         ckpt["augment"] = s.augment.state_dict()
     return ckpt
@@ -405,7 +406,9 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
     if main:
         folder.start(config.to_dict(), history)
     board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard and main else None
-    planned = (config.epochs - start) * (s.train_x.shape[0] // config.batch_size)   # full batches still to train
+    # auto's choices belong to the whole run: its length (not what is left of it), and on --resume the measured ones
+    replay_choices(ckpt.get("compile_choices", {}) if ckpt is not None else {})
+    planned = config.epochs * (s.train_x.shape[0] // config.batch_size)   # full batches of the run
     for epoch in range(start + 1, config.epochs + 1):
         t0, c0, d0 = time.perf_counter(), compile_seconds(), len(compile_decisions())
         with compiling(config.compile), planned_batches(planned):
