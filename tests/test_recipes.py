@@ -168,8 +168,74 @@ def test_cosine_schedule_matches_its_closed_form():
     np.testing.assert_allclose(seen, [lr, lr * (1 + 2 ** -0.5) / 2, lr / 2, lr * (1 - 2 ** -0.5) / 2], rtol=1e-12)
 
 
+def _optax_warmup_cosine(count, init, peak, warmup_steps, decay_steps, end):
+    """optax.warmup_cosine_decay_schedule (exponent 1), transcribed from optax's definition: a linear schedule from
+    ``init`` to ``peak`` over ``warmup_steps``, then ``cosine_decay_schedule(peak, decay_steps − warmup_steps,
+    alpha=end/peak)`` at ``count − warmup_steps``."""
+    if count < warmup_steps:
+        return init + (peak - init) * count / warmup_steps
+    d = decay_steps - warmup_steps
+    t = min(count - warmup_steps, d)
+    alpha = end / peak
+    return peak * ((1 - alpha) * 0.5 * (1 + math.cos(math.pi * t / d)) + alpha)
+
+
+def test_warmup_cosine_schedule_is_pcx_per_step_schedule():
+    """PCX's recipe: init lr, peak 1.1 lr after 10 % of the steps, cosine to 0.1 lr at the last, stepped per step."""
+    lr, epochs, per_epoch = 2.6e-4, 5, 37
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = make_schedule("warmup-cosine", opt, epochs, per_epoch)
+    got = []
+    for _ in range(epochs * per_epoch):
+        got.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    total = epochs * per_epoch
+    expected = [_optax_warmup_cosine(c, lr, 1.1 * lr, 0.1 * total, total, 0.1 * lr) for c in range(total)]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert max(got) == pytest.approx(1.1 * lr, rel=1e-3) and got[0] == lr
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_schedule("warmup-cosine:2:0.5:0.25", opt, 1, 4)   # 2 warm-up steps: 1, 1.5, then 2 → 0.25
+    seen = []
+    for _ in range(4):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(seen, [1.0, 1.5, 2.0, 0.25 + 1.75 * 0.5], rtol=1e-12)
+
+
+def test_warmup_cosine_steps_per_batch_in_training_and_resumes_exactly(tmp_path, monkeypatch):
+    """In a real run the rate moves every batch (the optimiser's rate after the run is the closed form at the
+    step count), and a run interrupted after epoch 1 of 2 resumes to the uninterrupted run's metrics."""
+    import inferlearn.training.loop as loop
+
+    base = dict(data="digits", arch="conv:4/16", batch_size=128, optimizer="adamw", weight_decay=1e-5, lr=3e-3,
+                seed=1, lr_schedule="warmup-cosine", epochs=2)
+    full = train(TrainConfig(**base, out=str(tmp_path / "full")), progress=False, log=None)
+    ckpt = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
+    steps = ckpt["scheduler"]["last_epoch"]
+    assert steps > 2 and steps % 2 == 0, "the schedule stepped once per epoch, not once per batch"
+    assert ckpt["optimizer"]["param_groups"][0]["lr"] == pytest.approx(
+        3e-3 * _optax_warmup_cosine(steps, 1, 1.1, 0.1 * steps, steps, 0.1), rel=1e-9)   # the floor, 0.1 lr
+    real = loop.run_epoch
+
+    def interrupted(s, config, epoch, *a, **k):
+        if epoch == 2:
+            raise KeyboardInterrupt
+        return real(s, config, epoch, *a, **k)
+
+    monkeypatch.setattr(loop, "run_epoch", interrupted)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        train(TrainConfig(**base, out=str(tmp_path / "part")), progress=False, log=None)
+    monkeypatch.setattr(loop, "run_epoch", real)
+    resumed = train(TrainConfig(**base, out=str(tmp_path / "part")), progress=False, resume=True, log=None)
+    assert _strip(resumed) == _strip(full)
+
+
 @pytest.mark.parametrize("bad, msg", [(dict(lr_schedule="cosine:x"), "use cosine:W"),
                                       (dict(lr_schedule="cosine:10", epochs=10), "leave none of the 10 epochs"),
+                                      (dict(lr_schedule="warmup-cosine:1.1:1:0.1"), "use warmup-cosine:P:W:F"),
+                                      (dict(lr_schedule="warmup-cosine:1.1:0.1"), "use warmup-cosine:P:W:F"),
                                       (dict(weight_decay=-1.0), "Invalid weight_decay"),
                                       (dict(standardize="yes"), "Unknown standardize"),
                                       (dict(augment="flip"), "Unknown augment")])

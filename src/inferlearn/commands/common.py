@@ -37,7 +37,8 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--lr-schedule", default=defaults.lr_schedule,
                    help="constant, warmup (5 epochs at 0.1×lr, then 0.3×lr), warmup:E:F:A (E epochs at F×lr, then A×lr) "
                         "scaled:F, cosine or cosine:W (W epochs of linear warm-up, then a cosine decay to the last "
-                        "epoch) (default %(default)s)")
+                        "epoch), or warmup-cosine:P:W:F (per step: warm-up from lr to P×lr over the fraction W of the steps, "
+                        "cosine to F×lr; warmup-cosine alone is PCX's 1.1:0.1:0.1) (default %(default)s)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--init-scale", type=float, default=defaults.init_scale, help="weights ~ N(0, s²/fan_in) (MLP widths only)")
     p.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")

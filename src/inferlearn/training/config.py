@@ -43,7 +43,8 @@ class TrainConfig:
         weight_decay: ``λ ≥ 0``. For ``sgd`` and ``adam`` the L2 term ``λ w`` is added to the gradient
             (torch's ``weight_decay``); for ``adamw`` the decoupled decay ``w ← w − lr · λ · w`` of Loshchilov &
             Hutter (2019). Default 0 (none; ``adamw`` then equals ``adam``).
-        lr_schedule: ``constant``, ``warmup``, ``warmup:E:F:A``, ``scaled:F``, ``cosine`` or ``cosine:W``
+        lr_schedule: ``constant``, ``warmup``, ``warmup:E:F:A``, ``scaled:F``, ``cosine``, ``cosine:W`` or
+            ``warmup-cosine:P:W:F`` (per optimiser step, PCX's)
             (:mod:`inferlearn.training.schedules`).
         standardize: ``auto`` (default), ``on`` or ``off``: per-channel standardisation with the mean and
             standard deviation of the training split the run fits (:mod:`inferlearn.data.transforms`).

@@ -47,7 +47,7 @@ from ..models import all_finite, build_model
 from .fused_step import FusedTrainStep
 from ..rules import Rule, make_rule
 from .run_folder import RunFolder
-from .schedules import make_schedule
+from .schedules import is_per_step, make_schedule
 from .tensorboard import TensorBoardLogger
 
 @dataclass
@@ -129,7 +129,8 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
     check_training_data(train_x, train_y, data.n_classes, data.name)
     val_x = prepare(data.train_x[val]) if config.val_size else None
     val_y = data.train_y[val].to(device) if config.val_size else None
-    return Setup(data, model, rule, opt, make_schedule(config.lr_schedule, opt, config.epochs),
+    schedule = make_schedule(config.lr_schedule, opt, config.epochs, math.ceil(train_x.shape[0] / config.batch_size))
+    return Setup(data, model, rule, opt, schedule,
                  train_x, train_y, prepare(data.test_x), data.test_y.to(device), val_x=val_x, val_y=val_y,
                  group=group or Group(), augment=augment, input_stats=stats)
 
@@ -215,6 +216,7 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     params = [p for p in s.model.parameters() if p.requires_grad]
     # back-propagation on a dense chain, compiled: the backward and the optimiser's step as one call
     fused = FusedTrainStep.make(s.rule, s.model, s.optimizer, group.distributed) if not indexed else None
+    per_step = is_per_step(config.lr_schedule)
     bar = tqdm(range(steps), desc=f"epoch {epoch}/{config.epochs} [{config.rule}]", leave=False,
                disable=not (progress and group.is_main))
     for step in bar:
@@ -236,6 +238,8 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
         else:
             loss = _rule_step(s, config, x, y, mine, idx, params, epoch, step, steps, last_good)
         total += loss
+        if per_step:
+            s.scheduler.step()
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss:.4f}")
     # non-finite weights after a step give a non-finite loss at the next one (checked above): only the epoch's
@@ -243,7 +247,8 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     if not all_finite(params):
         raise DivergenceError(f"Training diverged: non-finite weights after epoch {epoch} (rule {config.rule}, lr "
                               f"{config.lr}); last good checkpoint: {last_good}. Try a smaller learning rate.")
-    s.scheduler.step()
+    if not per_step:
+        s.scheduler.step()
     return total / steps
 
 

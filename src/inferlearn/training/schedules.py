@@ -1,4 +1,5 @@
-"""Learning-rate schedules by name, as ``torch.optim.lr_scheduler`` objects stepped once per epoch.
+"""Learning-rate schedules by name, as ``torch.optim.lr_scheduler`` objects stepped once per epoch (or once per
+optimiser step, for ``warmup-cosine``).
 
 The training loop never writes the optimiser's learning rate itself, so any scheduler works; these
 are the ones the command line offers (``--lr-schedule``):
@@ -19,7 +20,17 @@ are the ones the command line offers (``--lr-schedule``):
 
   so the last warm-up epoch and the first cosine epoch both run at ``η``, and the last epoch at
   ``η (1 + cos(π (T - W - 1)/(T - W)))/2 > 0``. The schedule depends on ``T``: a resumed run that
-  changes ``--epochs`` continues on the curve of the new length (the epochs already done keep theirs).
+  changes ``--epochs`` continues on the curve of the new length (the epochs already done keep theirs);
+* ``warmup-cosine:P:W:F``: PCX's benchmark schedule (optax's ``warmup_cosine_decay_schedule`` with
+  ``init_value = η``, ``peak_value = P η``, ``warmup_steps = W S``, ``decay_steps = S``, ``end_value = F η``,
+  Pinchetti et al. 2024, ``examples/s4_1_discriminative_mode``), stepped once per *optimiser step*: over the
+  run's ``S`` steps, step ``s`` (0-based) runs at
+
+  ``η_s = η (1 + (P − 1) s / (W S))`` for ``s < W S``, and
+  ``η_s = η (F + (P − F) ½ (1 + cos(π (s − W S)/(S − W S))))`` after,
+
+  a linear warm-up from ``η`` to ``P η`` and a cosine from ``P η`` to the floor ``F η``. PCX's recipes are
+  ``warmup-cosine:1.1:0.1:0.1``; plain ``warmup-cosine`` means that.
 """
 from __future__ import annotations
 
@@ -46,10 +57,21 @@ def cosine_factor(epoch: int, epochs: int, warmup_epochs: int = 0) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup_epochs) / max(1, epochs - warmup_epochs)))
 
 
+#: PCX's benchmark schedule: warm-up to 1.1 η over 10 % of the steps, cosine to 0.1 η
+PCX_WARMUP_COSINE = (1.1, 0.1, 0.1)
+
+
 def check_schedule(name: str, epochs: int | None = None) -> str:
     """Validate a schedule name: ``constant``, ``warmup``, ``warmup:E:F:A``, ``scaled:F`` with ``F > 0``,
-    ``cosine`` or ``cosine:W`` (``W`` warm-up epochs, an integer ``0 ≤ W < epochs`` when ``epochs`` is given)."""
-    if name in ("constant", "warmup", "cosine"):
+    ``cosine`` or ``cosine:W`` (``W`` warm-up epochs, an integer ``0 ≤ W < epochs`` when ``epochs`` is given),
+    ``warmup-cosine`` or ``warmup-cosine:P:W:F`` (``P, F > 0``, ``0 ≤ W < 1``)."""
+    if name in ("constant", "warmup", "cosine", "warmup-cosine"):
+        return name
+    if name.startswith("warmup-cosine:"):
+        if _warmup_cosine_parts(name) is None:
+            raise ValueError(f"Invalid lr schedule {name!r}; use warmup-cosine:P:W:F (a linear warm-up from lr to P × lr "
+                             "over the fraction W of the steps, then a cosine to F × lr; P, F > 0, 0 ≤ W < 1), e.g. "
+                             "warmup-cosine:1.1:0.1:0.1 (PCX's)")
         return name
     if name.startswith("cosine:"):
         w = _cosine_warmup(name)
@@ -73,7 +95,8 @@ def check_schedule(name: str, epochs: int | None = None) -> str:
         if math.isfinite(f) and f > 0:
             return name
     raise ValueError(f"Invalid lr schedule {name!r}; use 'constant', 'warmup', 'warmup:E:F:A', 'scaled:F' "
-                     "(e.g. scaled:0.1), 'cosine' or 'cosine:W' (e.g. cosine:5)")
+                     "(e.g. scaled:0.1), 'cosine', 'cosine:W' (e.g. cosine:5) or 'warmup-cosine:P:W:F' (e.g. "
+                     "warmup-cosine:1.1:0.1:0.1)")
 
 
 def _cosine_warmup(name: str) -> int | None:
@@ -85,6 +108,35 @@ def _cosine_warmup(name: str) -> int | None:
     except ValueError:
         return None
     return w if w >= 0 else None
+
+
+def warmup_cosine_factor(step: int, steps: int, peak: float, warmup: float, floor: float) -> float:
+    """The factor ``η_s / η`` of ``warmup-cosine:P:W:F`` at 0-based optimiser ``step`` of ``steps`` (module
+    docstring); past the last step it stays at the floor."""
+    w = warmup * steps
+    if step < w:
+        return 1.0 + (peak - 1.0) * step / w
+    t = min(1.0, (step - w) / max(steps - w, 1e-12))
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def _warmup_cosine_parts(name: str) -> tuple[float, float, float] | None:
+    """``(P, W, F)`` of ``warmup-cosine[:P:W:F]``, or ``None`` when it does not parse or is out of range."""
+    if name == "warmup-cosine":
+        return PCX_WARMUP_COSINE
+    parts = name.split(":")[1:]
+    try:
+        p, w, f = (float(v) for v in parts)
+    except ValueError:
+        return None
+    if not all(math.isfinite(v) for v in (p, w, f)) or p <= 0 or f <= 0 or not 0 <= w < 1:
+        return None
+    return p, w, f
+
+
+def is_per_step(name: str) -> bool:
+    """Whether the schedule ``name`` is stepped once per optimiser step (``warmup-cosine``) instead of per epoch."""
+    return name == "warmup-cosine" or name.startswith("warmup-cosine:")
 
 
 def _warmup_parts(name: str) -> tuple[int, float, float] | None:
@@ -101,11 +153,17 @@ def _warmup_parts(name: str) -> tuple[int, float, float] | None:
     return e, f, a
 
 
-def make_schedule(name: str, optimizer: torch.optim.Optimizer,
-                  epochs: int | None = None) -> torch.optim.lr_scheduler.LRScheduler:
+def make_schedule(name: str, optimizer: torch.optim.Optimizer, epochs: int | None = None,
+                  steps_per_epoch: int | None = None) -> torch.optim.lr_scheduler.LRScheduler:
     """The scheduler called ``name`` for ``optimizer`` (see the module docstring); ``cosine`` needs the
-    run's length ``epochs``."""
+    run's length ``epochs``, ``warmup-cosine`` also its optimiser steps per epoch (and is stepped per step:
+    :func:`is_per_step`)."""
     check_schedule(name, epochs)
+    if is_per_step(name):
+        if epochs is None or steps_per_epoch is None:
+            raise ValueError(f"The lr schedule {name!r} needs the run's epochs and steps per epoch")
+        parts, total = _warmup_cosine_parts(name), epochs * steps_per_epoch
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine_factor(s, total, *parts))
     if name == "cosine" or name.startswith("cosine:"):
         if epochs is None:
             raise ValueError(f"The lr schedule {name!r} needs the run's number of epochs")
