@@ -2,26 +2,74 @@
 
 A reader (or a resumed run) therefore sees either the old complete file or the new complete file,
 never a partial one -- even after ``kill -9`` in the middle of a write.
+
+A write that fails (a full disk, a quota, an I/O error) raises :class:`~inferlearn.errors.WriteError` in one
+line naming the file, the space it needs and the space left, and leaves the previous file as it was.
+Checkpoints are serialised in memory first, so the size is known and ``torch.save`` never meets the disk
+(on a full disk it fails with an opaque ``inline_container.cc`` error instead of ``OSError``).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
+from .errors import WriteError
+
+#: the errors that mean the disk (or the user's quota) has no room left
+NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` → ``1.5 KB`` (powers of 1024)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def write_error(path: str | os.PathLike, exc: OSError, size: int | None = None) -> WriteError:
+    """The one-line :class:`WriteError` for an ``OSError`` met while writing ``path`` (``size``: bytes it needs)."""
+    path = Path(path)
+    folder = next((p for p in (path.parent, *path.parents) if p.is_dir()), Path("."))
+    try:
+        free = human_bytes(shutil.disk_usage(folder).free)
+    except OSError:
+        free = "unknown"
+    keep = f"the previous {path.name} is intact" if path.exists() else "nothing was written"
+    if exc.errno in NO_SPACE:
+        need = f"about {human_bytes(size)}" if size is not None else "more room"
+        why = f"the disk is full (it needs {need}, {free} free on {folder})"
+        fix = "free some space there (or move the folder to another disk)"
+    else:
+        why = f"{exc.strerror or type(exc).__name__}" + (f" ({human_bytes(size)} to write, {free} free)"
+                                                          if size is not None else "")
+        fix = "check the disk and its permissions"
+    return WriteError(f"Cannot write {path}: {why}; {keep}; {fix}", str(path))
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path next to ``path``; on success it atomically replaces ``path``."""
+def atomic_path(path: str | os.PathLike, size: int | None = None):
+    """Yield a temporary path next to ``path``; on success it atomically replaces ``path``.
+
+    Raises:
+        WriteError: the folder or the file cannot be written (``size``, the bytes to write, goes in the message);
+            ``path`` keeps its previous contents.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         yield Path(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
@@ -31,21 +79,30 @@ def atomic_path(path: str | os.PathLike):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+    except OSError as exc:
+        raise write_error(path, exc, size) from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
+def write_bytes(data: bytes | memoryview, path: str | os.PathLike) -> None:
+    """Write bytes atomically (:class:`WriteError` naming ``path`` and ``len(data)`` when it fails)."""
+    with atomic_path(path, size=len(data)) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+
+
 def save_torch(obj, path: str | os.PathLike) -> None:
-    """``torch.save`` atomically."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """``torch.save`` atomically (serialised in memory first: a full disk gives a :class:`WriteError`)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_bytes(buffer.getbuffer(), path)
 
 
 def write_text(text: str, path: str | os.PathLike) -> None:
     """Write a text file atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    write_bytes(text.encode(), path)
 
 
 def write_json(obj, path: str | os.PathLike) -> None:
@@ -54,11 +111,22 @@ def write_json(obj, path: str | os.PathLike) -> None:
 
 
 def append_jsonl(record: dict, path: str | os.PathLike) -> None:
-    """Append one JSON line and fsync (a crash loses at most this line, never earlier ones)."""
-    with open(path, "a") as fh:
-        fh.write(json.dumps(record, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Append one JSON line and fsync (a crash loses at most this line, never earlier ones). A write that fails
+    (:class:`WriteError`) cuts the file back to its earlier lines."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    try:
+        with open(path, "ab", buffering=0) as fh:   # unbuffered: nothing is left to flush after a failure
+            start = fh.tell()
+            try:
+                done = 0
+                while done < len(line):
+                    done += fh.write(line[done:])
+                os.fsync(fh.fileno())
+            except OSError:
+                fh.truncate(start)
+                raise
+    except OSError as exc:
+        raise write_error(path, exc, len(line)) from None
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

@@ -9,7 +9,7 @@ import sys
 import warnings
 
 from . import __version__
-from .errors import DistributedError, InferlearnError, Interrupted
+from .errors import DistributedError, InferlearnError, Interrupted, WriteError
 
 COMMANDS = [
     "inferlearn.commands.train",
@@ -54,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except (InferlearnError, ValueError) as exc:
         launched = os.environ.get("WORLD_SIZE", "1") != "1"
         where = f"process {os.environ.get('RANK', '?')}: " if launched and not isinstance(exc, DistributedError) else ""
-        print(f"inferlearn: error: {where}{exc}", file=sys.stderr)
+        hint = ""
+        if isinstance(exc, WriteError):   # a full disk mid-run: say how to continue once there is room
+            from .commands.common import resume_hint
+
+            hint = resume_hint(args)
+        print(f"inferlearn: error: {where}{exc}" + (f"; then {hint}" if hint else ""), file=sys.stderr)
         if launched:   # a process group aborts the interpreter in its destructors: leave at once
             _leave(2)
         return 2

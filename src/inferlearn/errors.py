@@ -17,6 +17,19 @@ class RunFolderError(InferlearnError):
     cannot be written."""
 
 
+class WriteError(RunFolderError):
+    """A file could not be written (disk full, quota exceeded, I/O error, read-only file system): the message names
+    the file, the space it needs and the fix. The file's previous version, if any, is left intact (atomic writes).
+
+    Attributes:
+        path: the file that could not be written.
+    """
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
 class DivergenceError(InferlearnError):
     """Training produced a non-finite loss or non-finite weights."""
 

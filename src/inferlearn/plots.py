@@ -1,6 +1,7 @@
 """Plots a person would rather look at than read: learning curves of one or several runs."""
 from __future__ import annotations
 
+import io
 import math
 import os
 
@@ -11,7 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import torch  # noqa: E402
 
-from .atomic import atomic_path  # noqa: E402
+from .atomic import write_bytes  # noqa: E402
 
 CURVE_KEYS = (("train_loss", "train loss (quadratic)"), ("train_acc", "train accuracy"),
               ("test_acc", "test accuracy"), ("active_fraction", "active non-linearities"))
@@ -34,9 +35,18 @@ def plot_curves(runs: dict[str, list[dict]], path: str | os.PathLike, title: str
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: str | os.PathLike) -> None:
+    """Write ``fig`` as a PNG atomically (rendered in memory first, so a full disk gives one
+    :class:`~inferlearn.errors.WriteError` naming the file and its size) and close it."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    write_bytes(buffer.getbuffer(), path)
 
 
 def tile(filters: torch.Tensor) -> torch.Tensor:
@@ -71,6 +81,4 @@ def plot_benchmark(results: dict, path: str | os.PathLike) -> None:
     ax.legend(fontsize=8, loc="best")
     ax.set_title(f"{results['protocol']} — budget {results['budget']}", fontsize=9)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    save_figure(fig, path)

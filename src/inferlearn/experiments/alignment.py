@@ -93,7 +93,7 @@ def plot_sweeps(panels: dict[str, list[dict]], path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..atomic import atomic_path
+    from ..plots import save_figure
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     for ax, (title, rows) in zip(axes[0], panels.items()):
@@ -113,6 +113,4 @@ def plot_sweeps(panels: dict[str, list[dict]], path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

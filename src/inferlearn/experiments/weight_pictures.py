@@ -52,7 +52,7 @@ def plot_filters(weights: Mapping[str, torch.Tensor], image_shape: tuple[int, ..
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..atomic import atomic_path
+    from ..plots import save_figure
 
     if not weights:
         raise ValueError("No weights to plot")
@@ -64,6 +64,4 @@ def plot_filters(weights: Mapping[str, torch.Tensor], image_shape: tuple[int, ..
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -8,11 +8,13 @@ Uses ``torch.utils.tensorboard`` (the ``tensorboard`` package); view with ``tens
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 
+from ..atomic import NO_SPACE, write_error
 from ..errors import RunFolderError
 from ..plots import tile
 
@@ -47,6 +49,8 @@ class TensorBoardLogger:
 
     Raises:
         RunFolderError: the ``tensorboard`` package is not installed (the message says how to get it).
+        WriteError: (from :meth:`log_epoch` and :meth:`close`) the log cannot be written (a full disk, ...), in
+            one line naming the folder; the writer's background thread stays silent (no thread traceback).
     """
 
     def __init__(self, log_dir: str, image_shape: Sequence[int]):
@@ -54,15 +58,25 @@ class TensorBoardLogger:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise RunFolderError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+        _silence_writer_threads()
         try:
             self.writer = SummaryWriter(log_dir=str(log_dir))
-        except OSError as exc:   # a file, /proc/..., a read-only place
+        except OSError as exc:   # a full disk; a file, /proc/..., a read-only place
+            if exc.errno in NO_SPACE:
+                raise write_error(log_dir, exc) from None
             raise RunFolderError(f"Cannot write TensorBoard logs to {log_dir} ({exc.strerror}); choose another "
                                  "--tensorboard") from None
+        self.log_dir = str(log_dir)
         self.image_shape = tuple(image_shape)
 
     def log_epoch(self, record: dict, modules: Iterable[nn.Module]) -> None:
         """Scalars of ``record``, histograms of the parameters and the first layer's filters at ``record["epoch"]``."""
+        try:
+            self._log_epoch(record, modules)
+        except OSError as exc:
+            raise write_error(self.log_dir, exc) from None
+
+    def _log_epoch(self, record: dict, modules: Iterable[nn.Module]) -> None:
         step = int(record["epoch"])
         for key, value in record.items():
             if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -78,4 +92,22 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError as exc:
+            raise write_error(self.log_dir, exc) from None
+
+
+def _silence_writer_threads() -> None:
+    """Keep ``threading.excepthook`` from printing a traceback when TensorBoard's background writer fails on an
+    ``OSError``: the writer re-raises it in the training thread, which reports it in one line."""
+    hook = threading.excepthook
+    if getattr(hook, "inferlearn", False):
+        return
+
+    def quiet(args):
+        if not (issubclass(args.exc_type, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+            hook(args)
+
+    quiet.inferlearn = True
+    threading.excepthook = quiet
