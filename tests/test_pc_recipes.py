@@ -285,3 +285,55 @@ def test_training_defaults_the_sgd_rate_to_the_ipc_weight_step():
     cfg = TrainConfig(data="digits", arch="64-8-10", rule="pc", rule_options={"weight_step": "0.05"})
     assert cfg.resolved().lr == 0.05
     assert TrainConfig(data="digits", arch="64-8-10", rule="pc").resolved().lr == 0.4
+
+
+@pytest.mark.filterwarnings("ignore::inferlearn.errors.ConvergenceWarning")
+@pytest.mark.parametrize("beta", [1.0, 0.3, -0.2])
+@pytest.mark.parametrize("output,optimizer", [("se", "momentum"), ("ce", "momentum"), ("se", "sgd")])
+def test_target_nudging_is_pcx_output_vode(beta, output, optimizer):
+    """PCX's output vode: the output clamped to ``u₀ + β (y − u₀)`` (``u₀`` the forward pass's output), PCX's
+    momentum on the value nodes, the weight gradient × 1/β: the autograd reference at that target, divided by β.
+    Guards against the label used as the target (β ignored), a missing or inverted 1/β, and the target moving with
+    the inference (it is frozen at the forward pass's output)."""
+    net, (x, labels) = _net(), _batch()
+    with torch.no_grad():
+        u0 = net(x)
+    y = one_hot(labels, 3, DT)
+    ref, _ = reference_pc(net, x, u0 + beta * (y - u0), 7, 0.05, 1.0, output, optimizer, 0.3)
+    ref = [g / beta for g in ref]
+    opts = {"steps": 7, "step_size": 0.05, "output": output, "inference_optimizer": optimizer,
+            "inference_momentum": 0.3, "nudging": "target", "beta": beta}
+    got, _ = _rule_grads(make_rule("pc", opts), net, x, labels)
+    _close(got, ref)
+    if beta == 1:   # the clamp itself
+        clamp, _ = _rule_grads(make_rule("pc", {k: v for k, v in opts.items() if k not in ("nudging", "beta")}),
+                               net, x, labels)
+        _close(got, clamp)
+    else:
+        label, _ = reference_pc(net, x, y, 7, 0.05, 1.0, output, optimizer, 0.3)
+        assert max(float((a - b).abs().max()) for a, b in zip(label, got)) > 1e-3
+
+
+@pytest.mark.filterwarnings("ignore::inferlearn.errors.ConvergenceWarning")
+def test_beta_schedule_sets_beta_per_epoch():
+    """``beta_schedule`` gives epoch e its value (1-based, the last one repeated): the gradient in each epoch equals
+    the fixed-β rule's."""
+    net, (x, labels) = _net(), _batch()
+    rule = make_rule("pc", {"steps": 5, "nudging": "target", "beta_schedule": "0.9,-0.9,0.5"})
+    for epoch, beta in ((1, 0.9), (2, -0.9), (3, 0.5), (7, 0.5)):
+        rule.begin_epoch(epoch, 8)
+        got, _ = _rule_grads(rule, net, x, labels)
+        fixed, _ = _rule_grads(make_rule("pc", {"steps": 5, "nudging": "target", "beta": beta}), net, x, labels)
+        _close(got, fixed, 0)
+
+
+@pytest.mark.parametrize("opts,msg", [
+    ({"nudging": "target", "beta": 0}, "Invalid beta 0"),
+    ({"nudging": "target", "beta": 1.5}, "Invalid beta 1.5"),
+    ({"nudging": "target", "beta_schedule": "0.9,x"}, "Invalid beta nan"),
+    ({"nudging": "target", "beta_schedule": "0.9,0"}, "Invalid beta 0.0"),
+    ({"beta_schedule": "0.9"}, "needs nudging='target'"),
+])
+def test_bad_target_nudging_options(opts, msg):
+    with pytest.raises(ValueError, match=msg):
+        make_rule("pc", opts)

@@ -113,10 +113,11 @@ class LayeredEnergy:
 
             lifted  z − a      fenchel  z − Π(a)      penalty  (z − f(a)) ⊙ f'(a)
 
-        (the linear output's ``z − a``, or ``z − softmax(a)`` with the cross-entropy output term).
+        (the linear output's ``z − a``, or ``z − softmax(a) Σ_j z_j`` with the cross-entropy output term: ``z − softmax(a)``
+        for a target that sums to 1, such as a one-hot label; PCX's interpolated targets need not).
         """
         if k == self.depth:
-            return z - torch.softmax(a, dim=1) if self.output == "ce" else z - a
+            return cross_entropy_gradient(a, z).neg_() if self.output == "ce" else z - a
         units = self.link(k).units
         if self.kind == "lifted":
             return z - a

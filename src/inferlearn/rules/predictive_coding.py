@@ -99,7 +99,16 @@ class PredictiveCoding(Rule):
             ``ℓ`` (exactly, unlike the clamp's ``(I + WᵀW)^{-1}`` filtering), with error O(β) one-sided and
             O(β²) centred (equilibrium propagation on the penalty energy, Scellier & Bengio 2017). Generic engine
             (:class:`~inferlearn.engine.layered.NudgedOutputProblem`).
-        beta: the nudging strength ``β > 0`` (0.1; read only when nudging).
+            ``"target"``: PCX's output value node (its benchmark code, ``models.py``): the output clamped to the
+            target ``t = u₀ + β (y − u₀)`` between the forward pass's output ``u₀`` and the label, and the weight
+            gradient ``∇θF(ẑ)/(Bπβ)``; ``β = 1`` is the clamp, ``0 < β < 1`` positive and ``−1 ≤ β < 0`` negative
+            nudging (PCX's PC-PN and PC-NN recipes). For small ``β`` the output error is ``β (y − u₀)``, so the
+            gradient is the clamp's at a weak clamp, and its limit back-propagation's (Whittington & Bogacz 2017).
+        beta: the nudging strength ``β > 0`` (0.1; read only when nudging; ``nudging="target"``: ``β ∈ [−1, 1]``,
+            not 0).
+        beta_schedule: ``nudging="target"`` only: β per epoch, comma-separated (``"0.9,-0.9,0.9"``: epoch 1 at 0.9,
+            epoch 2 at −0.9, …, the last value for every later epoch), PCX's ``beta_ir`` ramps and centred
+            nudging's sign list (``hps/…_PC-CN_…_beta.json``); ``None``: ``beta`` throughout.
         weight_step: incremental predictive coding (iPC, Salvatori et al. 2024) when set: the weight learning rate
             ``α`` with which the weights move at *every* inference step. The contract (a rule fills ``.grad`` and
             never steps) is kept by working weights: each step ``t = 1 … T`` updates the value nodes at the current
@@ -136,6 +145,7 @@ class PredictiveCoding(Rule):
     inference_momentum: float = 0.9
     nudging: str = "clamp"
     beta: float = 0.1
+    beta_schedule: str | None = None
     weight_step: float | None = None
     engine: str = "auto"
 
@@ -156,10 +166,12 @@ class PredictiveCoding(Rule):
                 raise ValueError("Invalid weight_step: incremental PC runs plain inference steps on a clamped output "
                                  "on the generic engine, exactly `steps` of them (inference_optimizer='sgd', "
                                  "nudging='clamp', engine='auto', tol=None)")
+        self._betas = self._target_betas()
         if self.nudging != "clamp":
-            if self.nudging not in NUDGINGS:
-                raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {['clamp', *NUDGINGS]}")
-            check_beta(self.beta)
+            if self.nudging not in ("target", *NUDGINGS):
+                raise ValueError(f"Invalid nudging: {self.nudging!r}; choose one of {['clamp', 'target', *NUDGINGS]}")
+            if self.nudging != "target":
+                check_beta(self.beta)
             if self.engine == "fused":
                 raise ValueError(f"Invalid engine: 'fused' (nudging={self.nudging!r} runs on the generic engine; use "
                                  "engine='auto')")
@@ -169,6 +181,34 @@ class PredictiveCoding(Rule):
         self._solver = self._inference_solver()
         if self.step_size >= 2:   # F's curvature along a value node is at least 1 (its own term): η ≥ 2 diverges
             raise ValueError(f"Invalid step_size: {self.step_size} (must be < 2 for the inference steps to descend)")
+
+    def _target_betas(self) -> tuple[float, ...]:
+        """β by epoch of ``nudging="target"`` (``beta_schedule``, or ``beta``), each in ``[−1, 1]`` and not 0.
+
+        Raises:
+            ValueError: a value out of range, or a ``beta_schedule`` without ``nudging="target"`` (it would be inert).
+        """
+        if self.beta_schedule is not None and self.nudging != "target":
+            raise ValueError(f"Invalid beta_schedule: it sets PCX's output target per epoch and needs "
+                             f"nudging='target' (now {self.nudging!r})")
+        if self.nudging != "target":
+            return ()
+        try:
+            betas = (tuple(float(v) for v in str(self.beta_schedule).split(","))
+                     if self.beta_schedule is not None else (self.beta,))
+        except ValueError:
+            betas = (math.nan,)
+        for b in betas:
+            if isinstance(b, bool) or not (isinstance(b, (int, float)) and math.isfinite(b) and b != 0 and -1 <= b <= 1):
+                raise ValueError(f"Invalid beta {b} for nudging='target': give β in [-1, 1], not 0 (beta_schedule: "
+                                 f"comma-separated numbers, e.g. 0.9,-0.9)")
+        self._epoch_beta = betas[0]
+        return betas
+
+    def begin_epoch(self, epoch: int, n_samples: int) -> None:
+        """``nudging="target"``: take the epoch's β from ``beta_schedule`` (1-based ``epoch``; the last value repeats)."""
+        if self._betas:
+            self._epoch_beta = self._betas[min(epoch, len(self._betas)) - 1]
 
     def _inference_solver(self) -> GradientSteps:
         if self.inference_optimizer == "sgd":
@@ -188,6 +228,12 @@ class PredictiveCoding(Rule):
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         chain, fused = self._chain(model, x)
+        if self.nudging == "target":
+            free = LayeredProblem(self.energy(chain), x)
+            u0 = free.forward_state()[1][chain.depth]
+            y, beta = one_hot(labels, u0.shape[1], x.dtype), self._epoch_beta
+            return self._clamped(chain, False, x, torch.lerp(u0.detach(), y, beta) if beta != 1 else y, free,
+                                 grad_scale=1.0 / beta)
         if self.nudging != "clamp":
             return self._nudged(chain, x, labels)
         if self.weight_step is not None:
@@ -239,7 +285,7 @@ class PredictiveCoding(Rule):
         return chain, fused
 
     def _clamped(self, chain, fused: bool, x: torch.Tensor, target: torch.Tensor,
-                 free: LayeredProblem | None = None) -> StepInfo:
+                 free: LayeredProblem | None = None, grad_scale: float = 1.0) -> StepInfo:
         B, L, pi = x.shape[0], chain.depth, self.output_weight
         if fused:
             grads, output, hidden, it, move, first, layers, floor, summary = dense_predictive_coding(
@@ -254,7 +300,7 @@ class PredictiveCoding(Rule):
             problem = free.stacked(1, target=target)
             hidden, info = self._infer(problem)
             it = info.iterations
-            problem.accumulate_weight_grads(hidden, 1.0 / (B * pi), precise=False)
+            problem.accumulate_weight_grads(hidden, grad_scale / (B * pi), precise=False)
             summary = None
         if summary is None or not math.isfinite(summary[1]):   # the whole-batch call summed its value nodes and gradients
             check_inference_finite(self.name, chain, hidden, it, self.step_size)
