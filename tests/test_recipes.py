@@ -127,7 +127,7 @@ def test_auto_standardises_colour_sets_only_and_old_configs_keep_raw_pixels(tmp_
 def test_resume_is_exact_with_standardisation_and_augmentation(tmp_path):
     """1 + 2 resumed epochs equal 3 uninterrupted ones; the augmentation's generator state is what makes it so."""
     base = dict(data="digits", arch="conv:4/16", batch_size=64, optimizer="adamw", weight_decay=0.01, lr=0.01,
-                seed=3, standardize="on", augment="crop-flip")
+                seed=3, standardize="on", augment="crop-flip:force")
     full = train(TrainConfig(**base, epochs=3, out=str(tmp_path / "full")), progress=False, log=None)
     train(TrainConfig(**base, epochs=1, out=str(tmp_path / "part")), progress=False, log=None)
     resumed = train(TrainConfig(**base, epochs=3, out=str(tmp_path / "part")), progress=False, resume=True, log=None)
@@ -262,11 +262,11 @@ def test_weight_decay_coupled_for_sgd_and_adam_decoupled_for_adamw():
 def test_cli_records_the_recipe_in_config_json(tmp_path, capsys):
     out = str(tmp_path / "run")
     assert main(["train", "--data", "digits", "--arch", "conv:4/8", "--epochs", "2", "--lr", "0.01", "--optimizer", "adamw",
-                 "--weight-decay", "5e-4", "--lr-schedule", "cosine:1", "--standardize", "on", "--augment", "crop-flip",
+                 "--weight-decay", "5e-4", "--lr-schedule", "cosine:1", "--standardize", "on", "--augment", "crop-flip:force",
                  "--quiet", "--out", out]) == 0
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert {k: saved[k] for k in ("optimizer", "weight_decay", "lr_schedule", "standardize", "augment")} == \
-        dict(optimizer="adamw", weight_decay=5e-4, lr_schedule="cosine:1", standardize="on", augment="crop-flip")
+        dict(optimizer="adamw", weight_decay=5e-4, lr_schedule="cosine:1", standardize="on", augment="crop-flip:force")
     capsys.readouterr()
     assert main(["train", "--data", "digits", "--weight-decay", "-1", "--quiet", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -276,11 +276,11 @@ def test_cli_records_the_recipe_in_config_json(tmp_path, capsys):
 def test_compare_takes_the_recipe_through_the_shared_config(tmp_path, capsys):
     out = tmp_path / "cmp"
     assert main(["compare", "--data", "digits", "--arch", "conv:2-4/8", "--epochs", "1", "--limit-train", "200",
-                 "--rules", "backprop", "--lr", "0.01", "--standardize", "on", "--augment", "crop-flip", "--optimizer", "adamw",
+                 "--rules", "backprop", "--lr", "0.01", "--standardize", "on", "--augment", "crop-flip:force", "--optimizer", "adamw",
                  "--weight-decay", "1e-3", "--lr-schedule", "cosine", "--quiet", "--out", str(out)]) == 0
     saved = json.loads((out / "backprop" / "config.json").read_text())
     assert (saved["standardize"], saved["augment"], saved["optimizer"], saved["weight_decay"], saved["lr_schedule"]) == \
-        ("on", "crop-flip", "adamw", 1e-3, "cosine")
+        ("on", "crop-flip:force", "adamw", 1e-3, "cosine")
     table = (out / "comparison.md").read_text().splitlines()[0]
     assert table.endswith("adamw lr 0.01, batch 50, seed 0, epochs 1, first 200 training samples, weight decay 0.001, "
-                          "lr schedule cosine, inputs standardised per channel, crop-flip augmentation.")
+                          "lr schedule cosine, inputs standardised per channel, crop-flip:force augmentation.")

@@ -55,7 +55,7 @@ def test_resume_refuses_a_different_run(tmp_path):
         train(_cfg(tmp_path, "x", epochs=2, lr=0.5), progress=False, resume=True, log=None)
 
 
-@pytest.mark.parametrize("recipe", [[], ["--standardize", "on", "--augment", "crop-flip"]], ids=["plain", "crop-flip"])
+@pytest.mark.parametrize("recipe", [[], ["--standardize", "on", "--augment", "crop-flip:force"]], ids=["plain", "crop-flip"])
 def test_kill_9_then_resume(tmp_path, recipe):
     """kill -9 at an arbitrary moment (possibly mid-checkpoint) loses at most the current epoch and
     never corrupts a file: the resumed run ends with the same metrics as an uninterrupted one (with

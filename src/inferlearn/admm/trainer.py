@@ -83,6 +83,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import DivergenceError, RunFolderError
+from ..training.config import check_momentum
 from ..training.run_folder import RunFolder
 from ..losses import one_hot
 from .nmf import NMF, nnls_gram
@@ -210,6 +211,7 @@ class ADMMConfig:
             v = float(getattr(self, name))
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"Invalid {name}: {v}")
+        check_momentum(self.optimizer, self.momentum)
         if not (0 < self.eta_decay <= 1):
             raise ValueError(f"Invalid eta_decay: {self.eta_decay}")
         if not (math.isfinite(self.penalty_growth) and self.penalty_growth > 1):

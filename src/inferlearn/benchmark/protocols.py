@@ -309,9 +309,16 @@ def load_protocol(name: str) -> Protocol:
             raise ValueError(f"Protocol file {name} does not exist; give a protocol name ({', '.join(PROTOCOLS)}) "
                              "or a JSON file")
         try:
-            return Protocol.from_dict(json.loads(path.read_text()))
+            data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"Protocol file {name} is not valid JSON ({exc})") from None
+        from .validate import check_protocol_data
+
+        check_protocol_data(data, f"Protocol file {name}")   # its schema first: one line naming the file and the key
+        try:
+            return Protocol.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"Protocol file {name}: {exc}") from None
     raise ValueError(f"Unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)} (inferlearn benchmark --list) "
                      "or give a JSON file")
 

@@ -167,6 +167,9 @@ def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--reuse {path}: not a benchmark's results.json ({type(exc).__name__}: {exc}); give the "
                          "results.json that `inferlearn benchmark` wrote") from None
+    from .validate import check_reuse_rows
+
+    check_reuse_rows(rows, path)   # malformed rows: one line naming the file and the key, not a TypeError
     if name != protocol.name or budget != (settings.budget.width, settings.budget.epochs):
         raise ValueError(f"--reuse {path} holds the benchmark {name} at budget {saved.get('budget')}, not "
                          f"{protocol.name} at {settings.budget.label}; give a results.json of this protocol and budget")

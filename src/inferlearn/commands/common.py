@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
 from ..engine.compiled import MODES as COMPILE_MODES
+from ..errors import InferlearnWarning
 from ..models import ZOO
 from ..data.transforms import AUGMENT, COLOUR_SETS, STANDARDIZE
 from ..training.config import OPTIMIZERS, TrainConfig
@@ -53,7 +55,8 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
                         f"{', '.join(COLOUR_SETS)}, off elsewhere), on, off")
     p.add_argument("--augment", default=defaults.augment, choices=list(AUGMENT),
                    help="training-batch augmentation: none (default) or crop-flip (random crop from a 4-pixel zero "
-                        "padding and a left-right flip, seeded by --seed)")
+                        "padding and a left-right flip, seeded by --seed; refused on digits and mnist, whose mirror "
+                        "images are not digits, unless given as crop-flip:force)")
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training samples")
     p.add_argument("--val", type=int, default=defaults.val_size, metavar="N", dest="val_size",
                    help="hold out the last N training images as a validation split, reported as val_acc (default 0: none)")
@@ -68,8 +71,11 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
 def add_compile_option(p: argparse.ArgumentParser) -> None:
     """``--compile MODE``: compile each rule's inference step (``TrainConfig.compile``)."""
     p.add_argument("--compile", nargs="?", const="on", default="auto", choices=list(COMPILE_MODES),
-                   help="compile each rule's inference step with torch.compile: auto (default: on for CUDA, off on "
-                        "CPU), on (the same as --compile alone; CUDA graphs on CUDA), no-cudagraphs, off")
+                   help="compile each rule's inference step with torch.compile: auto (default: on for CUDA; on CPU "
+                        "only predictive coding's and ePC's steps, in runs long enough to repay compiling: 10,000 "
+                        "mini-batches for a dense network, 500 for a graph, where the step measured faster is kept), on "
+                        "(the same as --compile alone; CUDA graphs on CUDA; a rule with no compiled step warns), "
+                        "no-cudagraphs, off")
 
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:
@@ -120,11 +126,15 @@ def set_threads(threads: int | None) -> int:
     instead of 1 took 1.06× (back-propagation) and 1.10× (predictive coding) as long on a quiet 2-core
     machine, and 4.5× and 3.8× beside one busy core, where 1 thread was unaffected
     (``python benchmarks/bench_threads.py``, ``benchmarks/results/threads.md``). Ask for more with
-    ``--threads N``.
+    ``--threads N``; more than the machine's cores warns (:class:`~inferlearn.errors.InferlearnWarning`).
     """
     n = 1 if threads is None else threads
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"Invalid --threads {threads}: must be an integer ≥ 1")
+    cores = os.cpu_count() or 1
+    if n > cores:   # oversubscribed threads wait on each other: 100x slower at --threads 1000 on 2 cores
+        warnings.warn(f"--threads {n} is more than this machine's {cores} cores: the threads wait on each other and "
+                      f"the run is slower, not faster; use --threads {cores} or fewer", InferlearnWarning, stacklevel=2)
     torch.set_num_threads(n)
     return n
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shlex
 
 from .common import add_threads_option, set_threads
+from ..units import get_units
 from ..experiments.lifted_tables import ACTS, ROWS, TABLES, reproduce_table
 
 
@@ -95,6 +96,9 @@ def run(args) -> int:
         raise ValueError("Give --table N (1-4), --figure 1, --alignment or --duality")
     if args.epochs is not None and args.epochs < 1:
         raise ValueError(f"Invalid epochs: {args.epochs}")
+    for act in args.acts.split(","):   # every option before the first row trains (the rows check their own)
+        if act.strip():
+            get_units(act.strip())
     if args.figure is not None:
         from ..experiments.lifted_tables import FIGURE1_ROWS, reproduce_figure1
 

@@ -18,7 +18,8 @@ offset ``(dy, dx)`` uniform on ``{0, …, 2p}²``, and the window is mirrored le
 
 The offsets and flips are drawn, per mini-batch, from one :class:`torch.Generator` on the CPU seeded from the
 run's seed, so they do not depend on the device; its state is saved in every checkpoint, so a resumed run
-draws what the uninterrupted one would have. Evaluation never augments.
+draws what the uninterrupted one would have. Evaluation never augments. Digits are not flip-invariant, so
+``crop-flip`` is refused on :data:`MIRROR_SENSITIVE` sets unless given as ``crop-flip:force``.
 """
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ import torch
 
 #: ``--standardize`` and ``--augment`` values
 STANDARDIZE = ("auto", "on", "off")
-AUGMENT = ("none", "crop-flip")
+AUGMENT = ("none", "crop-flip", "crop-flip:force")
+#: ``--augment crop-flip:force``: crop-flip on a data set of :data:`MIRROR_SENSITIVE`, explicitly
+FORCE_FLIP = "crop-flip:force"
+#: the data sets whose classes a left-right flip does not keep (a mirrored digit is another digit or none): crop-flip
+#: is refused on them unless forced
+MIRROR_SENSITIVE = ("digits", "mnist")
 #: the colour natural-image sets that ``--standardize auto`` standardises (grayscale ``cifar10-gray`` stays raw,
 #: as in the lifted paper's Table 4)
 COLOUR_SETS = ("cifar10", "cifar100", "tiny-imagenet")

@@ -54,9 +54,21 @@ DIFFERENTIABLE = "differentiable"   # what predictive coding needs
 def declare_affine(module: nn.Module) -> nn.Module:
     """Declare a module of yours affine (``m(u + v) − m(0) = (m(u) − m(0)) + (m(v) − m(0))``), so that the
     lifted energies accept it. The engine then uses its forward and autograd's vector–Jacobian
-    product as ``A`` and ``Aᵀ``. Returns the module."""
+    product as ``A`` and ``Aᵀ``. Returns the module.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module`` (a function or lambda: wrap it in a module first).
+    """
+    check_module(module, "declare_affine")
     module.inferlearn_affine = True
     return module
+
+
+def check_module(module, what: str) -> None:
+    """Raise ``TypeError`` unless ``module`` is an ``nn.Module`` (what a declaration marks must be a model's part)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{what} takes an nn.Module, got {type(module).__name__} {module!r:.60}; wrap the function in "
+                        "a module (a class with a forward method) and declare that")
 
 
 def is_affine(m: nn.Module) -> bool:
@@ -82,7 +94,7 @@ def _leaves(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
         return out
     if isinstance(module, nn.Sequential):
         out = []
-        for name, m in module.named_children():
+        for name, m in module._modules.items():   # every use (named_children() skips a repeated module)
             out += _leaves(m, f"{path}.{name}" if path else name)
         return out
     return [(path or type(module).__name__, module)]
@@ -107,7 +119,7 @@ def _leaf_ids(module: nn.Module) -> list:
         return out
     if isinstance(module, nn.Sequential):
         out = []
-        for _, m in module.named_children():
+        for m in module._modules.values():
             out += _leaf_ids(m)
         return out
     return [id(module)]
@@ -425,6 +437,21 @@ def _current(chain: Chain, model: nn.Module, example: torch.Tensor | None) -> bo
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, Chain]" = weakref.WeakKeyDictionary()
 
 
+def _check_single_use(chain: Chain) -> None:
+    """Raise ``ValueError`` naming a module with parameters that the model uses twice (shared weights): its uses
+    would need one value node each but share one gradient, which the energy rules do not model."""
+    seen: dict[int, str] = {}
+    for link in chain.links:
+        for name, m in zip(link.names, link.maps):
+            if next(m.parameters(), None) is None:
+                continue
+            if id(m) in seen:
+                raise ValueError(f"module {seen[id(m)]!r} is used twice; inference-learning rules need one use per "
+                                 "module (give each use its own module, e.g. copy.deepcopy; backprop and fenchel-bp "
+                                 "take shared weights)")
+            seen[id(m)] = name
+
+
 def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rule",
                 example: torch.Tensor | None = None) -> Chain:
     """The graph of ``model`` (read once and cached per model), checked for what ``rule`` needs.
@@ -447,6 +474,7 @@ def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rul
     chain = _CACHE.get(model)
     if chain is None or not _current(chain, model, example):
         chain = _read(model, example)
+        _check_single_use(chain)
         _CACHE[model] = chain
     if need is not None:
         chain.check_structure(need, rule)

@@ -53,13 +53,14 @@ AUTO_CPU_MIN_BATCHES = 10_000
 
 
 class CompileWarning(RuntimeWarning):
-    """``torch.compile`` is unavailable or failed: the steps run eagerly (issued once per process)."""
+    """``torch.compile`` is unavailable or failed: the steps run eagerly (issued once per process); or a run asked
+    for compilation and its rule has no compiled step for the model (issued once per run by the training loop)."""
 
 
 _state = threading.local()
 _steps: "weakref.WeakSet[CompiledStep]" = weakref.WeakSet()   # every step, so tests can drop their graphs
 _global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "graphs": 0, "planned": 0, "decisions": [],
-           "choices": {}}
+           "choices": {}, "calls": 0}
 
 
 def check_compile_mode(mode: str) -> str:
@@ -124,6 +125,12 @@ def torch_mode(mode: str, device: torch.device, whole_batch: bool = False, auto_
 def compile_seconds() -> float:
     """Seconds spent compiling (the first call of every compiled shape) since the process started."""
     return _global["seconds"]
+
+
+def compiled_calls() -> int:
+    """How many step calls ran compiled (or compiling, or on trial) since the process started: unchanged across
+    an epoch under ``on`` means that the rule has no compiled step for the model."""
+    return _global["calls"]
 
 
 def compiled_graphs() -> int:
@@ -263,6 +270,7 @@ class CompiledStep:
         tmode = self._torch_mode(device)
         if tmode is None:
             return self.fn(*args)
+        _global["calls"] += 1
         measuring = self._measuring(device)
         key = (tmode, measuring, _key(args, not self.guards))
         graph = self._graphs.get(key)

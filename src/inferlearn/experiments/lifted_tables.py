@@ -26,6 +26,7 @@ from ..atomic import write_text
 from ..training.config import TrainConfig
 from ..errors import DivergenceError
 from ..plots import plot_curves
+from ..rules import make_rule
 from ..training.loop import train
 from .weight_pictures import plot_filters
 
@@ -79,13 +80,16 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
     root = Path(out) / f"table{n}"
     results: dict[str, dict[str, list[dict]]] = {}
     t_start = time.time()
+    configs = checked({(act, rule): row_config(spec, rule, act, root / ("any" if rule == "linear-regression" else act)
+                                               / rule, epochs=epochs, gamma=gamma, lr=lr, batch_size=batch_size,
+                                               seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver,
+                                               allow_unverified=allow_unverified, dtype=dtype)
+                       for act in acts for rule in rows})
     for act in acts:
         results[act] = {}
         for rule in rows:
-            folder = root / ("any" if rule == "linear-regression" else act) / rule
-            cfg = row_config(spec, rule, act, folder, epochs=epochs, gamma=gamma, lr=lr, batch_size=batch_size,
-                             seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver,
-                             allow_unverified=allow_unverified, dtype=dtype)
+            cfg = configs[act, rule]
+            folder = cfg.out
             if log:
                 log(f"table {n} {act} {rule}: {epochs} epochs -> {folder}")
             try:
@@ -104,6 +108,14 @@ def reproduce_table(n: int, out: str | Path, epochs: int | None = None, acts=ACT
     md = _markdown(n, spec, epochs, results, gamma, lr, batch_size, seed, limit_train, command, time.time() - t_start)
     write_text(md, root / f"table{n}.md")
     return md
+
+
+def checked(configs: dict) -> dict:
+    """``configs`` (TrainConfig values), each rule's options validated: a bad option (``--solver nosuch``) is refused
+    before the first row trains, not after the rows before it."""
+    for cfg in configs.values():
+        make_rule(cfg.rule, cfg.rule_options)
+    return configs
 
 
 def row_config(spec: TableSpec, rule: str, act: str, folder: str | Path, epochs: int, gamma: float = 1 / 8,
@@ -155,10 +167,12 @@ def reproduce_figure1(out: str | Path, epochs: int | None = None, act: str = "re
             raise ValueError(f"Unknown row {r!r} for Fig. 1; choose from {list(FIGURE1_ROWS)}")
     root = Path(out) / "figure1"
     results = {}
+    configs = checked({rule: row_config(spec, rule, act, root / act / rule, epochs=epochs, gamma=gamma, lr=lr,
+                                        batch_size=batch_size, seed=seed, data_dir=data_dir, limit_train=limit_train,
+                                        solver=solver, dtype=dtype) for rule in rows})
     for rule in rows:
-        folder = root / act / rule
-        cfg = row_config(spec, rule, act, folder, epochs=epochs, gamma=gamma, lr=lr, batch_size=batch_size,
-                         seed=seed, data_dir=data_dir, limit_train=limit_train, solver=solver, dtype=dtype)
+        cfg = configs[rule]
+        folder = cfg.out
         if log:
             log(f"figure 1 {act} {rule}: {epochs} epochs -> {folder}")
         results[rule] = train(cfg, progress=progress, resume=True, log=log)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .activations import activation_name, make_activation
+from .conv import ImageInput, image_dims
 from .init import fan_in, fill_normal_, fill_uniform_, generator
 from .vgg import scaled_width
 
@@ -154,7 +155,7 @@ class ResNet(nn.Module):
                  width: float = 1.0, bn: str = "off", shortcut: str = "a", act: str = "relu",
                  seed: int | None = 0, flat_input: bool = True):
         super().__init__()
-        C, H, W = (int(s) for s in image_shape)
+        C, H, W = image_dims(image_shape, "ResNet")
         if not (width > 0 and math.isfinite(width)):
             raise ValueError(f"Invalid width multiplier: {width}")
         if bn not in BN_MODES:
@@ -162,7 +163,7 @@ class ResNet(nn.Module):
         if shortcut not in SHORTCUTS:
             raise ValueError(f"Unknown shortcut {shortcut!r}; choose one of {', '.join(SHORTCUTS)}")
         act, use_bn = activation_name(act), bn == "eval"
-        self.input = nn.Unflatten(1, (C, H, W)) if flat_input else nn.Identity()
+        self.input = ImageInput(1, (C, H, W)) if flat_input else nn.Identity()
         c = scaled_width(stages[0][0], width)
         self.stem, self.stem_norm, self.stem_act = _conv(C, c, 3, 1, use_bn), _norm(c, use_bn), make_activation(act)
         blocks = []

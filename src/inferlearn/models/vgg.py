@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from .activations import activation_name, make_activation
+from .conv import ImageInput, image_dims
 from .init import default_init_, generator
 
 # (output channels, padding, 2×2 pooling after the stage) per conv stage; kernel 3×3, stride 1
@@ -65,13 +66,13 @@ class VGG(nn.Sequential):
     def __init__(self, stages: Sequence[tuple[int, int, bool]], image_shape: Sequence[int], n_classes: int,
                  width: float = 1.0, pool: str = "max", act: str = "relu", seed: int | None = 0,
                  flat_input: bool = True):
-        C, H, W = (int(s) for s in image_shape)
+        C, H, W = image_dims(image_shape, f"VGG-{len(stages) + 1}")
         if not (width > 0 and math.isfinite(width)):
             raise ValueError(f"Invalid width multiplier: {width}")
         if pool not in POOLS:
             raise ValueError(f"Unknown pooling {pool!r}; choose one of {', '.join(POOLS)}")
         act = activation_name(act)
-        layers: list[nn.Module] = [nn.Unflatten(1, (C, H, W))] if flat_input else []
+        layers: list[nn.Module] = [ImageInput(1, (C, H, W))] if flat_input else []
         pad_h, pad_w = (max(0, math.ceil((MIN_SIZE - s) / 2)) for s in (H, W))   # first stage only
         c_in = C
         for i, (channels, padding, pooled) in enumerate(stages):

@@ -39,6 +39,7 @@ References:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -51,6 +52,17 @@ from ..engine.solvers import GradientSteps
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
 from .predictive_coding import check_inference_finite, penalty_energy
+
+
+def _memory(device) -> int:
+    """Bytes free on ``device`` (CUDA: ``mem_get_info``; otherwise the machine's available memory)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 2 ** 62
 
 
 MU_RANGE = (1e-8, 1e8)   # beyond: the loss (1/μ) or the gradient (μ × targets of size 1/μ) leaves float32
@@ -115,6 +127,7 @@ class MAC(Rule):
         self._mu = float(self.mu0)
         self._z: list[torch.Tensor] | None = None   # per-sample auxiliary coordinates, one tensor per hidden layer
         self._seen: torch.Tensor | None = None      # (n,) bool: the sample has stored coordinates
+        self._n_samples: int | None = None          # the training set's size (begin_epoch), bounds the positions
 
     @property
     def mu(self) -> float:
@@ -131,6 +144,7 @@ class MAC(Rule):
     def begin_epoch(self, epoch: int, n_samples: int) -> None:
         """Set ``μ`` for ``epoch`` (1-based); a training set of another size drops the stored coordinates."""
         self._mu = self.mu_at(epoch)
+        self._n_samples = int(n_samples)
         if self._seen is not None and self._seen.shape[0] != n_samples:
             self.reset()
 
@@ -162,9 +176,22 @@ class MAC(Rule):
             offset += width
 
     def _grow(self, need: int, like: list[torch.Tensor], device) -> None:
-        """Make room for ``need`` samples' coordinates (shaped like ``like``), keeping those stored."""
+        """Make room for ``need`` samples' coordinates (shaped like ``like``), keeping those stored.
+
+        Raises:
+            ValueError: before allocating, when ``need`` exceeds the training set of :meth:`begin_epoch` or the
+                coordinates would not fit in the device's memory (a position far beyond the data).
+        """
         if self._z is not None and self._seen.shape[0] >= need:
             return
+        size = need * (1 + sum(h[0].numel() * h.element_size() for h in like))
+        limit = self._n_samples if self._n_samples is not None else None
+        room = _memory(device)
+        if (limit is not None and need > limit) or size > room:
+            where = (f"the {limit} training samples of begin_epoch(epoch, n_samples={limit})" if limit is not None
+                     else f"what fits in memory ({room / 2**30:.1f} GB free; {size / 2**30:.1f} GB needed)")
+            raise ValueError(f"Invalid index: sample position {need - 1} is beyond {where}; index holds the batch's "
+                             "positions in the training set, 0 … n_samples − 1")
         old_z, old_seen = self._z, self._seen
         self._z = [h.new_zeros((need, *h.shape[1:])) for h in like]
         self._seen = torch.zeros(need, dtype=torch.bool, device=device)

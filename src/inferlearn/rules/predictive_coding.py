@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -88,7 +88,7 @@ class PredictiveCoding(Rule):
             (:class:`~inferlearn.engine.solvers.OptimizerSteps`, on the generic engine; its convergence checks measure
             ``η max|∂F/∂z|``, the plain step at the point, instead of the optimiser's step).
         inference_momentum: the momentum ``μ`` (``"momentum"``) or Adam's ``β₁`` (0.9; Adam's ``β₂ = 0.999``,
-            ``ε = 1e-8``).
+            ``ε = 1e-8``); refused with the plain steps, which would ignore it (as is ``beta`` with the clamp).
         nudging: ``"clamp"`` (the output clamped to the target, standard PC) or PCX's nudged variants, where the
             output node ``z_L`` is a free value node (started at ``a_L``) with the loss ``± β ℓ(z_L)`` added
             (``ℓ = ½‖z_L − y‖²``, or ``CE(y, softmax(z_L))`` with ``output="ce"``; the output node's own term stays
@@ -154,6 +154,14 @@ class PredictiveCoding(Rule):
         check_engine(self.engine)
         if self.output not in OUTPUTS:
             raise ValueError(f"Invalid output: {self.output!r}; choose one of {list(OUTPUTS)}")
+        default = {f.name: f.default for f in fields(self)}   # an option the others make inert is refused
+        if self.inference_optimizer == "sgd" and self.inference_momentum != default["inference_momentum"]:
+            raise ValueError(f"Invalid inference_momentum: {self.inference_momentum} has no effect with "
+                             "inference_optimizer='sgd' (plain steps); add inference_optimizer=momentum (or adam), or "
+                             "drop inference_momentum")
+        if self.nudging == "clamp" and self.beta != default["beta"]:
+            raise ValueError(f"Invalid beta: {self.beta} has no effect with nudging='clamp' (the output is clamped to "
+                             "the label); add nudging=target, positive, negative or symmetric, or drop beta")
         if self.inference_optimizer not in ("sgd", *OptimizerSteps.OPTIMIZERS):
             raise ValueError(f"Invalid inference_optimizer: {self.inference_optimizer!r}; choose one of "
                              f"{['sgd', *OptimizerSteps.OPTIMIZERS]}")

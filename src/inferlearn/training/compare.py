@@ -29,7 +29,8 @@ REFERENCE = "backprop"
 
 
 def parse_rule_options(items: list[str]) -> dict[str, dict]:
-    """``["contrastive.gamma=1/8", "eqprop.beta=0.1"]`` → ``{"contrastive": {"gamma": "1/8"}, ...}``."""
+    """``["contrastive.gamma=1/8", "eqprop.beta=0.1"]`` → ``{"contrastive": {"gamma": "1/8"}, ...}``; a key given twice
+    is refused (``ValueError``), not decided by the last one."""
     out: dict[str, dict] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -38,6 +39,9 @@ def parse_rule_options(items: list[str]) -> dict[str, dict]:
             raise ValueError(f"Invalid rule option {item!r}: expected RULE.KEY=VALUE, e.g. contrastive.gamma=1/8")
         if rule not in RULES:
             raise ValueError(f"Unknown rule {rule!r} in option {item!r}; choose one of {sorted(RULES)}")
+        if opt in out.get(rule, {}):
+            raise ValueError(f"Rule option {opt!r} of {rule} given twice ({opt}={out[rule][opt]} and {opt}={value}); "
+                             "give it once")
         out.setdefault(rule, {})[opt] = value
     return out
 

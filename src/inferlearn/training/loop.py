@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 import time
 import contextlib
+import warnings
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,8 @@ from ..data import Dataset, load_dataset
 from ..data.transforms import CropFlip, channel_stats, standardize
 from ..diagnostics import active_counts, correct_count
 from ..distributed import Group, join
-from ..engine.compiled import (compile_decisions, compile_seconds, compiling, measured_choices, planned_batches,
-                               replay_choices)
+from ..engine.compiled import (CompileWarning, compile_decisions, compile_failed, compile_seconds, compiled_calls,
+                               compiling, measured_choices, planned_batches, replay_choices)
 from ..errors import DivergenceError, InferlearnError, NonFiniteError, RunFolderError
 from ..losses import check_labels, one_hot, quadratic_loss
 from ..models import all_finite, build_model
@@ -118,7 +119,7 @@ def build(config: TrainConfig, group: Group | None = None) -> Setup:
         fill = -stats[0] / stats[1]   # a black (raw 0) pixel, standardised: the augmentation's padding
         prepare = lambda x: standardize(x.to(device, dtype), *stats, data.image_shape)  # noqa: E731
     augment = (CropFlip(data.image_shape, config.seed * 100_003 + AUGMENT_STREAM, fill)
-               if config.augment == "crop-flip" else None)
+               if config.augment.startswith("crop-flip") else None)
     check_forward(model, prepare(data.train_x[:2]), data.n_classes, config.arch, data.name)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -382,8 +383,8 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
     history: list[dict] = []
     start = 0
     ckpt = folder.load_checkpoint(map_location=config.device, note=log) if resume else None
-    if resume and ckpt is None and log:
-        log(f"note: {folder.path} has no checkpoint yet; starting the run from scratch")
+    if resume and ckpt is None and log and folder.holds_run():   # a fresh folder (reproduce's new rows): no note
+        log(f"note: {folder.path} holds a run that stopped before its first checkpoint; starting it from scratch")
     if ckpt is not None:
         try:
             s.model.load_state_dict(ckpt["model"])
@@ -411,13 +412,20 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
     if main:
         folder.start(config.to_dict(), history)
     board = TensorBoardLogger(config.tensorboard, s.data.image_shape) if config.tensorboard and main else None
+    if log and getattr(s.rule, "output", "se") == "ce":
+        log(f"note: sq-loss is the squared error ½‖y − output‖² that every run reports; {config.rule} with output=ce "
+            "trains the cross-entropy of softmax(output), so its outputs are logits and sq-loss grows with them: "
+            "read the accuracies")
     # auto's choices belong to the whole run: its length (not what is left of it), and on --resume the measured ones
     replay_choices(ckpt.get("compile_choices", {}) if ckpt is not None else {})
     planned = config.epochs * (s.train_x.shape[0] // config.batch_size)   # full batches of the run
     for epoch in range(start + 1, config.epochs + 1):
         t0, c0, d0 = time.perf_counter(), compile_seconds(), len(compile_decisions())
         with compiling(config.compile), planned_batches(planned):
+            calls = compiled_calls()
             batch_loss = run_epoch(s, config, epoch, progress, last_good=folder.last_good())
+        if epoch == start + 1 and main:
+            _warn_uncompiled(config, compiled_calls() - calls)
         seconds = time.perf_counter() - t0
         record = epoch_metrics(s, epoch, batch_loss, seconds)
         record["compile_seconds"] = compile_seconds() - c0   # included in epoch_seconds
@@ -431,7 +439,7 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
             compiled = f" (compile {record['compile_seconds']:.1f}s)" if record["compile_seconds"] else ""
             compiled += "".join(f"\n  auto: {d}" for d in compile_decisions()[d0:])   # what --compile auto measured
             val = f"val {record['val_acc']:.4f}  " if "val_acc" in record else ""
-            log(f"epoch {epoch:3d}  loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  {val}"
+            log(f"epoch {epoch:3d}  sq-loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  {val}"
                 f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s{compiled}")
     if board is not None:
         board.close()
@@ -439,6 +447,15 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
         folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
     group.barrier()   # no rank leaves (and tears the group down) before rank 0 has written everything
     return history
+
+
+def _warn_uncompiled(config: TrainConfig, calls: int) -> None:
+    """One :class:`CompileWarning` when ``--compile on`` (or ``no-cudagraphs``) compiled nothing in an epoch: the
+    rule has no compiled step for the model, so the option changed nothing."""
+    if config.compile in ("on", "no-cudagraphs") and not calls and not compile_failed():
+        warnings.warn(f"--compile {config.compile}: rule {config.rule!r} has no compiled step for {config.arch!r} "
+                      "(nothing was compiled in the first epoch); it runs eagerly, as with --compile off",
+                      CompileWarning, stacklevel=2)
 
 
 def finished_history(config: TrainConfig) -> list[dict] | None:
@@ -481,6 +498,9 @@ def load_config(folder: str | Path) -> TrainConfig:
                              "(an admm run folder? resume it with `inferlearn admm --resume`)")
     d.pop("model_sizes", None)
     try:
-        return TrainConfig.from_dict(d)
+        config = TrainConfig.from_dict(d)
+        make_rule(config.rule, config.rule_options)   # the rule's options too, before anything trains
+        return config
     except (ValueError, TypeError) as exc:
-        raise RunFolderError(f"{Path(folder) / 'config.json'} holds invalid settings: {exc}") from None
+        raise RunFolderError(f"{Path(folder) / 'config.json'} holds invalid settings ({exc}); correct it in "
+                             "config.json (it was edited by hand?), or start the run again with --overwrite") from None
