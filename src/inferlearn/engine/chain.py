@@ -362,6 +362,7 @@ def _parse(model: nn.Module) -> Chain:
     leaves = _leaves(model, "")
     if not leaves:
         raise ValueError(f"{type(model).__name__} has no layers")
+    check_single_use(leaves)
     links: list[Link] = []
     maps: list[nn.Module] = []
     names: list[str] = []
@@ -437,19 +438,19 @@ def _current(chain: Chain, model: nn.Module, example: torch.Tensor | None) -> bo
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, Chain]" = weakref.WeakKeyDictionary()
 
 
-def _check_single_use(chain: Chain) -> None:
-    """Raise ``ValueError`` naming a module with parameters that the model uses twice (shared weights): its uses
-    would need one value node each but share one gradient, which the energy rules do not model."""
+def check_single_use(calls) -> None:
+    """Raise ``ValueError`` naming the first module with parameters that ``calls`` (``(name, module)`` pairs, one per
+    call of the forward pass) holds twice: shared weights, whose uses would need a value node each but share one
+    gradient, which the energy rules do not model (back-propagation's autograd does)."""
     seen: dict[int, str] = {}
-    for link in chain.links:
-        for name, m in zip(link.names, link.maps):
-            if next(m.parameters(), None) is None:
-                continue
-            if id(m) in seen:
-                raise ValueError(f"module {seen[id(m)]!r} is used twice; inference-learning rules need one use per "
-                                 "module (give each use its own module, e.g. copy.deepcopy; backprop and fenchel-bp "
-                                 "take shared weights)")
-            seen[id(m)] = name
+    for name, m in calls:
+        if next(m.parameters(), None) is None:
+            continue
+        if id(m) in seen:
+            raise ValueError(f"module {seen[id(m)]!r} is used twice; inference-learning rules need one use per "
+                             "module (give each use its own module, e.g. copy.deepcopy; backprop and fenchel-bp "
+                             "take shared weights)")
+        seen[id(m)] = name
 
 
 def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rule",
@@ -474,7 +475,6 @@ def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rul
     chain = _CACHE.get(model)
     if chain is None or not _current(chain, model, example):
         chain = _read(model, example)
-        _check_single_use(chain)
         _CACHE[model] = chain
     if need is not None:
         chain.check_structure(need, rule)

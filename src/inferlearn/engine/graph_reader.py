@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..units import units_of_module
-from .chain import ACTIVATION_TYPES, NORM_TYPES, SMOOTH_TYPES, Chain, Edge, Link, check_module, is_affine
+from .chain import (ACTIVATION_TYPES, NORM_TYPES, SMOOTH_TYPES, Chain, Edge, Link, check_module, check_single_use,
+                    is_affine)
 
 
 def declare_map(module: nn.Module) -> nn.Module:
@@ -206,6 +207,7 @@ class _Reader:
         self.model, self.gm, self.shapes = model, gm, shapes
         self.links: list[Link] = []
         self.env: dict = {}
+        self.calls: list[tuple[str, nn.Module]] = []   # every module call, in order
         self.who = type(model).__name__
 
     def refuse(self, node: fx.Node, why: str, fix: str) -> None:
@@ -254,10 +256,12 @@ class _Reader:
                 self.env[node] = self.call_function(node)
             if isinstance(self.env.get(node), list) and len(self.env[node]) > 1 and len(node.users) > 1:
                 self.env[node] = self.materialise(self.env[node])
+        check_single_use(self.calls)   # shared weights: refused by name
         return self.finish(out)
 
     def call_module(self, node: fx.Node) -> list:
         m = self.gm.get_submodule(node.target)
+        self.calls.append((node.target, m))
         x = self.tensor(node, node.args[0]) if node.args else None
         if len(node.args) != 1 or node.kwargs:
             self.refuse(node, "calls a module with more than one argument", "give the model an inferlearn_graph() method")
