@@ -258,7 +258,12 @@ def test_budgets_scale_width_and_epochs():
     model = build_model(scaled_arch("pcx-mlp", 0.25), "relu", 784, 10, (1, 28, 28))
     assert [m.out_features for m in model if hasattr(m, "out_features")] == [32, 32, 32, 10]
     assert scaled_epochs(50, 0.1) == 5 and scaled_epochs(3, 0.1) == 1
-    assert parse_budget("cpu", PROTOCOLS["vgg5-cifar10"]) == Budget("cpu", 0.0625, 0.06)
+    assert parse_budget("cpu", PROTOCOLS["vgg5-cifar10"]) == Budget("cpu", 0.125, 0.1)     # 1/8 width, 5 epochs
+    assert parse_budget("smoke", PROTOCOLS["vgg5-cifar10"]) == Budget("smoke", 0.0625, 0.06)   # 1/16, 3 epochs
+    assert parse_budget("smoke", PROTOCOLS["mlp-mnist"]) == Budget("smoke", 1.0, 1.0)
+    for name in ("vgg5-cifar10", "vgg7-cifar10", "resnet18-cifar10"):
+        cfg = plan(PROTOCOLS[name], Settings(out="x", budget=parse_budget("cpu", PROTOCOLS[name]), seeds=1))[0]["config"]
+        assert cfg.epochs == 5 and "width=0.125" in cfg.arch and cfg.batch_size == 128
     assert parse_budget("1/4", PROTOCOLS["mlp-mnist"]) == Budget("1/4", 0.25, 0.25)
     with pytest.raises(ValueError, match="Cannot scale the width"):
         scaled_arch("conv:4-8", 0.5)
@@ -267,7 +272,7 @@ def test_budgets_scale_width_and_epochs():
 @pytest.mark.parametrize("name", sorted(PROTOCOLS))
 def test_every_protocol_plans_valid_configs_at_every_budget(name, tmp_path):
     p = PROTOCOLS[name]
-    for budget in ("full", "cpu", "0.25"):
+    for budget in ("full", "cpu", "smoke", "0.25"):
         runs = plan(p, Settings(out=str(tmp_path), budget=parse_budget(budget, p), seeds=2))
         assert {r["variant"] for r in runs} == {v.name for v in p.variants}
         assert all(r["config"].val_size == (p.val_size if r["kind"] == "search" else 0) for r in runs)

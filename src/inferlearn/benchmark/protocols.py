@@ -166,6 +166,7 @@ class Protocol:
         select: ``last`` (validation accuracy after the last epoch, default) or ``best`` (the best epoch's).
         search_seeds: seeds per search point (the score is the mean validation accuracy over them).
         cpu: the ``--budget cpu`` preset.
+        smoke: the ``--budget smoke`` preset, a quick check that every row runs (default: ``cpu``'s factors).
         full_device: ``cuda`` when the full budget needs a GPU (refused without one), else ``cpu``.
         baseline: the variant the epoch times are divided by.
         references: published numbers, printed beside ours.
@@ -183,6 +184,7 @@ class Protocol:
     select: str = "last"
     search_seeds: int = 1
     cpu: Budget = FULL
+    smoke: Budget | None = None
     full_device: str = "cpu"
     baseline: str = "bp"
     references: tuple = ()
@@ -231,8 +233,9 @@ class Protocol:
                 raise ValueError(f"The protocol lacks {key!r} (needs name, summary, data, arch, variants)")
         try:
             d["variants"] = tuple(Variant(**v) for v in d["variants"])
-            if "cpu" in d:
-                d["cpu"] = Budget("cpu", **d["cpu"])
+            for key in ("cpu", "smoke"):
+                if d.get(key) is not None:
+                    d[key] = Budget(key, **d[key])
             d["references"] = tuple(Reference(**r) for r in d.get("references", ()))
         except TypeError as exc:
             raise ValueError(f"Invalid protocol {d.get('name')!r}: {exc}") from None
@@ -240,12 +243,20 @@ class Protocol:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["cpu"] = {"width": self.cpu.width, "epochs": self.cpu.epochs}
+        for key in ("cpu", "smoke"):
+            b = getattr(self, key)
+            d[key] = None if b is None else {"width": b.width, "epochs": b.epochs}
         return d
+
+    @property
+    def smoke_budget(self) -> Budget:
+        """``--budget smoke``: the protocol's smoke preset, or the CPU preset's factors under that name."""
+        return self.smoke or Budget("smoke", self.cpu.width, self.cpu.epochs)
 
 
 def parse_budget(text: str, protocol: Protocol) -> Budget:
-    """``full``, ``cpu`` (the protocol's CPU preset) or a number ``F`` in (0, 1] (width and epochs × F).
+    """``full``, ``cpu`` (the protocol's CPU preset), ``smoke`` (its quick check) or a number ``F`` in (0, 1]
+    (width and epochs × F).
 
     Raises:
         ValueError: anything else, in one line naming the value.
@@ -255,12 +266,14 @@ def parse_budget(text: str, protocol: Protocol) -> Budget:
         return FULL
     if key == "cpu":
         return protocol.cpu
+    if key == "smoke":
+        return protocol.smoke_budget
     try:
         f = float(key.split("/")[0]) / (float(key.split("/")[1]) if "/" in key else 1.0)
     except (ValueError, ZeroDivisionError, IndexError):
         f = math.nan
     if not (0 < f <= 1):
-        raise ValueError(f"Invalid --budget {text!r}: give full, cpu or a number in (0, 1] that scales width and "
+        raise ValueError(f"Invalid --budget {text!r}: give full, cpu, smoke or a number in (0, 1] that scales width and "
                          "epochs, e.g. --budget 0.25")
     return FULL if f == 1 else Budget(key, f, f)
 
@@ -332,6 +345,10 @@ _PC_ADAM_LR = (3e-5, 1e-4, 3e-4)
 _EPC_ETAS = (1e-4, 1e-3)
 #: PC on VGG-5: the two upper points of the MLP grid (3e-5 learns too slowly for a few epochs), to halve the search
 _PC_CONV_LR = (1e-4, 3e-4)
+#: BP and ePC on the conv protocols: around PCX's AdamW rates (2.6e-4 to 2.9e-4) and three and ten times above
+_CONV_BP_LR = (3e-4, 1e-3, 3e-3)
+#: PC's value-node rate on the conv protocols: PCX-CE's as its code applies it (0.0147/128) and as its file states it
+_PC_CONV_ETAS = (1.4708110891388754e-2 / 128, 1.4708110891388754e-2)
 
 
 def _mlp_variants() -> tuple:
@@ -370,13 +387,130 @@ def _mlp(name: str, data: str, summary: str) -> Protocol:
                     val_size=5000, select="last", cpu=Budget("cpu"), full_device="cpu", notes=_MLP_NOTES)
 
 
+@dataclass(frozen=True)
+class PCXRecipe:
+    """One of PCX's published hyper-parameter files (``examples/s4_1_discriminative_mode/hps/MODEL/DATA/*.yaml`` at
+    commit ``c722834`` of github.com/liukidar/pcx): the method, the activation, the energy, ``T``, the value nodes'
+    SGD rate and momentum, AdamW's rate and weight decay, and β per epoch (PCX's ``beta_factor (beta + beta_ir e)``,
+    or the centred recipe's list), trained on PCX's schedule (warm-up to 1.1× over 10 % of the steps, cosine to 0.1×)."""
+
+    name: str
+    label: str
+    act: str
+    ce: bool
+    w_lr: float
+    wd: float
+    steps: int = 0          # 0: back-propagation
+    x_lr: float = 0.0
+    x_momentum: float = 0.0
+    betas: tuple = ()       # β by epoch of PCX's nudged recipes; () for β = 1 (the clamp)
+
+
+def pcx_betas(beta: float, factor: float, increment: float, epochs: int = 50) -> tuple:
+    """β per epoch as PCX's ``PC.py`` computes it: ``factor (β + increment e)``, set to 1 once it reaches 1 and — as
+    PCX's code does — to 1 again once a negative recipe passes −1."""
+    return tuple(1.0 if abs(b) >= 1.0 else round(b, 10)
+                 for b in (factor * (beta + increment * e) for e in range(epochs)))
+
+
+#: PCX's VGG-5 CIFAR-10 files. Its iPC file has no row: PCX's iPC steps the weights by AdamW at every inference step,
+#: inferlearn's iPC by plain SGD steps of its ``weight_step``
+PCX_VGG5 = (
+    PCXRecipe("bp-se", "BP-SE", "gelu", False, 2.788215086724204e-4, 1.1081592082589031e-4),
+    PCXRecipe("bp-ce", "BP-CE", "gelu", True, 2.942494542760219e-4, 1.003434259988122e-5),
+    PCXRecipe("pc-se", "PC-SE", "gelu", False, 2.657691155688603e-4, 6.6559627972820395e-3, 7, 2.348681827141059e-2, 0.3),
+    PCXRecipe("pc-ce", "PC-CE", "gelu", True, 2.641020393177285e-4, 1.2107509557065504e-5, 8, 1.4708110891388754e-2, 0.05),
+    PCXRecipe("pc-pn", "PC, positive nudging", "gelu", False, 2.9968925891952494e-4, 3.728852110891977e-5, 7,
+              3.623356587254243e-2, 0.1, pcx_betas(0.32297201469734277, 1.0, 0.02)),
+    PCXRecipe("pc-nn", "PC, negative nudging", "gelu", False, 2.61833244376427e-4, 8.992487435200682e-4, 7,
+              2.8016192698375384e-2, 0.5, pcx_betas(0.17877062530418192, -1.0, 0.02)),
+    PCXRecipe("pc-cn", "PC, centred nudging", "gelu", False, 2.2176352986601758e-4, 6.584549981050529e-4, 7,
+              2.89108138224975e-2, 0.1, tuple(0.9 if c == "+" else -0.9 for c in   # the signs of VGG5_PC-CN_CIFAR10_beta.json
+                                              "+++++-++---++---+------+-+---++----------+------")),
+)
+#: PCX's VGG-7 files: PCX publishes VGG-7 recipes for CIFAR-100 and Tiny ImageNet only; these are the CIFAR-100 ones
+PCX_VGG7 = (
+    PCXRecipe("bp-se", "BP-SE", "gelu", False, 2.492820278734172e-4, 3.3529077390445286e-5),
+    PCXRecipe("bp-ce", "BP-CE", "hard-tanh", True, 1.3293220201776088e-4, 1.1361686420755476e-3),
+    PCXRecipe("pc-se", "PC-SE", "leaky-relu", False, 1.8942597048071067e-4, 7.968501243194622e-4, 12,
+              2.1020497754927873e-2, 0.35),
+    PCXRecipe("pc-ce", "PC-CE", "hard-tanh", True, 1.1102395763121963e-4, 3.4191542161885526e-4, 11,
+              2.0272225800985682e-2, 0.45),
+    PCXRecipe("pc-pn", "PC, positive nudging", "gelu", False, 1.2243874591360667e-4, 1.835199911169501e-5, 11,
+              5.038798558206877e-2, 0.4, pcx_betas(0.1, 1.0, 0.0)),
+    PCXRecipe("pc-nn", "PC, negative nudging", "gelu", False, 1.163737981593612e-4, 6.065019239474804e-4, 9,
+              7.185961963616658e-2, 0.85, pcx_betas(0.1, -1.0, 0.02)),
+    PCXRecipe("pc-cn", "PC, centred nudging", "gelu", False, 2.836859624555198e-4, 2.6954734803245856e-4, 11,
+              2.59850534184893e-2, 0.5, (0.15, 0.17, -0.19, 0.21, 0.23, 0.25, 0.27, -0.29, -0.31, 0.33, -0.35, 0.37,
+                                         -0.39, -0.41, -0.43, 0.45, 0.47, -0.49, 0.51, -0.53, 0.55, 0.57, 0.59, -0.61,
+                                         0.63, -0.65, -0.67, 0.69, -0.71, -0.73, -0.75, -0.77, 0.79, 0.81, -0.83, 0.85,
+                                         -0.87, -0.89, 0.91, -0.93, -0.95, 0.97, 0.99, 1.0, -1.0, -1.0, 1.0, 1.0, 1.0,
+                                         -1.0)),
+)
+#: PCX's batch: its value-node gradient is the batch mean (``pmean``), so its step acts per sample as rate / 128
+PCX_BATCH = 128
+
+
+def pcx_variants(model: str, recipes: tuple, origin: str) -> tuple:
+    """A row at exactly each PCX recipe (``origin`` names the files): a back-propagation recipe once, a PC recipe
+    twice — the value-node rate per sample as the file states it (``pcx-NAME``), and divided by the batch as PCX's
+    published code applies it (``pcx-NAME-b``: ``pmean`` over the batch gives each value node 1/B of its gradient)."""
+    out = []
+    for r in recipes:
+        train = {"arch": f"{model}:act={r.act}", "optimizer": "adamw", "lr": r.w_lr, "weight_decay": r.wd,
+                 "lr_schedule": "warmup-cosine"}
+        if not r.steps:
+            out.append(Variant(f"pcx-{r.name}", "backprop", f"{r.label}, PCX's {origin} recipe ({r.act})",
+                               {"loss": "cross-entropy"} if r.ce else {}, train=train))
+            continue
+        options = {"steps": r.steps, "inference_optimizer": "momentum", "inference_momentum": r.x_momentum,
+                   **({"output": "ce"} if r.ce else {}),
+                   **({"nudging": "target", "beta_schedule": ",".join(f"{b:g}" for b in r.betas)} if r.betas else {})}
+        for suffix, rate, how in (("", r.x_lr, f"value nodes {r.x_lr:.3g} per sample"),
+                                  ("-b", r.x_lr / PCX_BATCH, f"value nodes {r.x_lr:.3g}/{PCX_BATCH} per sample, as "
+                                                            "PCX's code applies it")):
+            out.append(Variant(f"pcx-{r.name}{suffix}", "pc", f"{r.label}, PCX's {origin} recipe, T = {r.steps}, {how} "
+                               f"({r.act})", {**options, "step_size": rate}, train=train))
+    return tuple(out)
+
+
+def _conv_variants(model: str, recipes: tuple, origin: str) -> tuple:
+    """The conv protocols' rows: our searched rows of BP, PC and ePC (cheapest first), then PCX's recipes."""
+    return (
+        Variant("bp", "backprop", "BP (squared error)", search={"lr": _CONV_BP_LR}),
+        Variant("bp-ce", "backprop", "BP (cross-entropy)", {"loss": "cross-entropy"}, search={"lr": _CONV_BP_LR}),
+        Variant("epc-ce", "epc", "ePC, cross-entropy (K = 5)", {"output": "ce"},
+                search={"lr": _CONV_BP_LR, "rule.step_size": _EPC_ETAS}),
+        Variant("pc-ce-momentum", "pc", "PC, cross-entropy, momentum 0.05 on the value nodes (T = 8)",
+                {"steps": 8, "output": "ce", "inference_optimizer": "momentum", "inference_momentum": 0.05},
+                search={"lr": _PC_CONV_LR, "rule.step_size": _PC_CONV_ETAS}),
+    ) + pcx_variants(model, recipes, origin)
+
+
+_CONV_TRAIN = {"act": "relu", "epochs": 50, "batch_size": 128, "optimizer": "adamw", "weight_decay": 5e-4,
+               "lr_schedule": "cosine", "standardize": "on", "augment": "crop-flip"}
+_OURS = ("Our rows (`bp`, `bp-ce`, `epc-ce`, `pc-ce-momentum`): ReLU, AdamW with weight decay 5e-4 on a per-epoch cosine, the rate "
+         "(and PC's and ePC's inference rate) searched on the validation split; the grids contain PCX's rates. ")
+_DATA = ("Inputs standardised per channel with the training split's statistics (PCX: fixed CIFAR constants) and "
+         "augmented by 4-pixel crops and flips, as PCX's loader. Colour CIFAR-10 read with --allow-unverified is the "
+         "lossy JPEG-derived development copy (the data line says which copy ran).")
+_CONV_NOTES = (_OURS + "PCX's rows (`pcx-…`): exactly the hyper-parameters of PCX's published files (activation, energy, "
+               "T, value-node SGD rate and momentum, AdamW rate and weight decay, β per epoch), with PCX's per-step "
+               "schedule (warmup-cosine: 1.1× over 10 % of the steps, cosine to 0.1×) and the weight gradient × 1/β of "
+               "its nudged recipes (nudging=target); each PC recipe twice, the value-node rate per sample as the file "
+               "states it and divided by the batch as PCX's code applies it. PCX's iPC recipe has no row: PCX's iPC "
+               "steps the weights by AdamW at every inference step, inferlearn's by plain SGD. " + _DATA)
+_RESNET_NOTES = (_OURS + "The ResNet-18 has no BatchNorm (bn=off: the energy rules read no batch-coupled layer); PCX "
+                 "publishes no ResNet-18 recipe. " + _DATA)
+
+
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     _mlp("mlp-mnist", "mnist", "PCX's MLP (784-128-128-128-10) on MNIST, every rule; the full budget runs on a CPU"),
     _mlp("mlp-fashion", "fashion-mnist", "PCX's MLP (784-128-128-128-10) on Fashion-MNIST, every rule; the full budget "
          "runs on a CPU"),
     Protocol(
         name="vgg5-cifar10", summary="PCX's VGG-5 on colour CIFAR-10 (50 epochs at full width: a GPU; --budget cpu: "
-        "width ×1/16, 3 epochs)",
+        "width ×1/8, 5 epochs; --budget smoke: width ×1/16, 3 epochs)",
         data="cifar10", arch="vgg5",
         variants=(   # cheapest first, so that a partial table has the rows every comparison needs
             Variant("bp", "backprop", "BP (squared error)", search={"lr": _ADAM_LR}),
@@ -404,10 +538,12 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
             Variant("contrastive", "contrastive", "contrastive (J1)", search={"lr": _ADAM_LR}),
             Variant("mac", "mac", "MAC, Z-step from the forward pass", {"warm_start": False}, search={"lr": _ADAM_LR}),
             Variant("lpom", "lpom", "LPOM", search={"lr": _ADAM_LR}),
-        ),
+        ) + tuple(v for v in _conv_variants("vgg5", PCX_VGG5, "VGG-5 CIFAR-10") if v.name in ("bp-ce", "pc-ce-momentum")
+                  or v.name.startswith("pcx-")),
         train={"act": "relu", "epochs": 50, "batch_size": 128, "optimizer": "adamw", "weight_decay": 5e-4,
                "lr_schedule": "cosine", "standardize": "on", "augment": "crop-flip"},
-        val_size=5000, select="last", cpu=Budget("cpu", width=0.0625, epochs=0.06), full_device="cuda",
+        val_size=5000, select="last", cpu=Budget("cpu", width=0.125, epochs=0.1),
+        smoke=Budget("smoke", width=0.0625, epochs=0.06), full_device="cuda",
         references=(Reference("bp", 89.43, "BP with the squared error"),
                     Reference("pc-centred", 89.47, "PCX's best PC variant, centred nudging"),
                     Reference("ipc", 85.51, "incremental PC")),
@@ -421,4 +557,17 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                "--allow-unverified is the lossy JPEG-derived development copy (the data line says which copy ran). "
                "MAC runs with warm_start=false: its per-image coordinates would be 237,568 floats per image at full "
                "width (48 GB for 50,000 images in float32, in memory and in every checkpoint; 3.0 GB at the CPU budget's width 1/16).")),
+    Protocol(
+        name="vgg7-cifar10", summary="PCX's VGG-7 on colour CIFAR-10: our searched BP/PC/ePC rows beside PCX's VGG-7 "
+        "recipes (--budget cpu: width ×1/8, 5 epochs)",
+        data="cifar10", arch="vgg7", variants=_conv_variants("vgg7", PCX_VGG7, "VGG-7 CIFAR-100"), train=_CONV_TRAIN,
+        val_size=5000, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
+        full_device="cuda", notes=_CONV_NOTES + " PCX publishes VGG-7 recipes for CIFAR-100 and Tiny ImageNet, not "
+        "CIFAR-10: the pcx- rows use the CIFAR-100 files."),
+    Protocol(
+        name="resnet18-cifar10", summary="ResNet-18 (CIFAR-style, no BatchNorm) on colour CIFAR-10: BP, PC, ePC "
+        "(--budget cpu: width ×1/8, 5 epochs)",
+        data="cifar10", arch="resnet18", variants=_conv_variants("resnet18", (), ""), train=_CONV_TRAIN,
+        val_size=5000, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
+        full_device="cuda", notes=_RESNET_NOTES),
 )}

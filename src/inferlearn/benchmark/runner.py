@@ -67,6 +67,8 @@ class Settings:
         threads: PyTorch intra-op threads (recorded in each run's config).
         compile: ``TrainConfig.compile``.
         reuse: a ``results.json`` whose recorded runs are taken instead of trained (:func:`load_reuse`), or ``None``.
+        variants: the names of the variants to run (``--variants``), or ``None`` for all; the others' finished runs
+            stay in the folder, and a later run of every variant skips the finished ones.
     """
 
     out: str
@@ -78,6 +80,7 @@ class Settings:
     threads: int = 1
     compile: str = "auto"
     reuse: str | None = None
+    variants: tuple | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.seeds, int) and self.seeds >= 1):
@@ -119,6 +122,22 @@ def run_config(protocol: Protocol, variant: Variant, point: dict, seed: int, sea
         raise ValueError(f"Protocol {protocol.name}, variant {variant.name}: {exc}") from None
 
 
+def selected(protocol: Protocol, settings: Settings) -> tuple:
+    """The protocol's variants this invocation runs (``settings.variants``, in the protocol's order).
+
+    Raises:
+        ValueError: a name that is not one of the protocol's variants, in one line listing them.
+    """
+    if settings.variants is None:
+        return tuple(protocol.variants)
+    names = [v.name for v in protocol.variants]
+    unknown = [n for n in settings.variants if n not in names]
+    if unknown or not settings.variants:
+        raise ValueError(f"Invalid --variants {','.join(settings.variants)}: {protocol.name} has no variant "
+                         f"{', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(names)}")
+    return tuple(v for v in protocol.variants if v.name in settings.variants)
+
+
 def search_points(variant: Variant) -> list[dict]:
     """The points to search (none for a grid of one point: that point is the choice)."""
     grid = variant.grid()
@@ -130,7 +149,7 @@ def plan(protocol: Protocol, settings: Settings) -> list[dict]:
     runs' point is ``None`` until the search has chosen it (their config is shown at the grid's first point).
     Builds every config, so an invalid protocol fails here, before anything trains."""
     runs = []
-    for v in protocol.variants:
+    for v in selected(protocol, settings):
         for point in search_points(v):
             for s in range(protocol.search_seeds):
                 runs.append({"variant": v.name, "kind": "search", "point": point, "seed": s,
@@ -341,7 +360,7 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
     bar = tqdm(total=len(runs), desc=f"benchmark {protocol.name}", unit="run", disable=not progress)
     say = (lambda m: tqdm.write(m)) if (log and progress) else log
     rows, reuse = [], load_reuse(settings.reuse, protocol, settings)
-    for v in protocol.variants:
+    for v in selected(protocol, settings):
         mine = [r for r in runs if r["variant"] == v.name]
         old = reuse.get(v.name)
         first = mine[0]["config"]
@@ -388,6 +407,7 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
                 final["diverged"] = res["diverged"]
             elif "history" in res:
                 final.update(test_acc=res["history"][-1]["test_acc"],
+                             best_test_acc=max(h["test_acc"] for h in res["history"]),
                              epoch_seconds=[h["epoch_seconds"] for h in res["history"]],
                              data_verified=all(h.get("data_verified", True) for h in res["history"]))
             row["finals"].append(final)
@@ -399,7 +419,7 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
                 _write(protocol, settings, command, rows, running=v.name)
         if row["chosen"] is not None:
             _summarise(row)
-        if len(rows) < len(protocol.variants):   # the variants so far, in case the benchmark stops here
+        if len(rows) < len(selected(protocol, settings)):   # the variants so far, in case the benchmark stops here
             _write(protocol, settings, command, rows)
     bar.close()
     return _write(protocol, settings, command, rows)
@@ -427,12 +447,23 @@ def _note(say, run: dict, res: dict, what: str) -> None:
         say(f"{run['kind']} {run['variant']} {point_name(run['point'])} seed {run['seed']}: {what} ({done})")
 
 
+def pcx_protocol(best: list) -> dict | None:
+    """PCX's reporting (Pinchetti et al. 2024): each seed's best test accuracy over the epochs, averaged over the
+    best ``K − 2`` of ``K`` seeds (its 5 of 7; all of them for ``K ≤ 2``). ``None`` when a seed's best is unknown (a
+    run recorded before the benchmark kept it)."""
+    if not best or any(b is None for b in best):
+        return None
+    keep = sorted(best, reverse=True)[:max(1, len(best) - 2) if len(best) > 2 else len(best)]
+    return {"mean": float(np.mean(keep)), "std": float(np.std(keep, ddof=0)), "kept": len(keep), "of": len(best)}
+
+
 def _summarise(row: dict) -> None:
     ok = [f for f in row["finals"] if "test_acc" in f]
     accs = np.array([f["test_acc"] for f in ok], dtype=float)
     row["n_seeds"], row["n_diverged"] = len(ok), len(row["finals"]) - len(ok)
     row["test_acc_mean"] = float(np.mean(accs)) if len(ok) else None
     row["test_acc_std"] = float(np.std(accs, ddof=0)) if len(ok) else None
+    row["pcx_protocol"] = pcx_protocol([f.get("best_test_acc") for f in ok])
     times = [t for f in ok for t in f["epoch_seconds"]]
     row["epoch_seconds"] = float(statistics.median(times)) if times else None
 
@@ -449,8 +480,51 @@ def _results(protocol: Protocol, settings: Settings, command: str, rows: list[di
             "budget_width": settings.budget.width, "budget_epochs": settings.budget.epochs, "data": data,
             "device": settings.device, "command": command, "select": protocol.select, "seeds": settings.seeds,
             "val_size": protocol.val_size, "search_seeds": protocol.search_seeds, "baseline": protocol.baseline,
-            "reused_from": settings.reuse,
+            "reused_from": settings.reuse, "peer": load_peer(Path(settings.out) / PEER_FILE),
             "reference_source": protocol.source, "notes": protocol.notes, "variants": rows}
+
+
+#: the peer's results in a benchmark folder (written by ``benchmarks/peers/bench_pcx_conv.py``)
+PEER_FILE = "pcx.json"
+
+
+def load_peer(path: Path) -> dict:
+    """``{variant: {"test_acc": [...], "best_test_acc": [...], "epoch_seconds": [...]}}`` from a benchmark folder's
+    ``pcx.json`` (``{}`` when there is none).
+
+    Raises:
+        ValueError: a file that is not that shape, in one line naming it.
+    """
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        rows = data["variants"]
+        ok = isinstance(rows, dict) and all(isinstance(v, dict) and isinstance(v.get("test_acc"), list)
+                                            and all(isinstance(a, (int, float)) for a in v["test_acc"])
+                                            for v in rows.values())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not the peer's results ({type(exc).__name__}: {exc}); rerun "
+                         "benchmarks/peers/bench_pcx_conv.py or delete the file") from None
+    if not ok:
+        raise ValueError(f"{path}: 'variants' must map each variant to {{'test_acc': [numbers], ...}}; rerun "
+                         "benchmarks/peers/bench_pcx_conv.py or delete the file")
+    return rows
+
+
+def format_peer(entry: dict | None) -> str:
+    """A cell of the column "PCX, this budget": the peer's last-epoch test accuracy (mean ± std over its seeds), its
+    PCX-protocol number and its epoch time, from the benchmark folder's ``pcx.json``."""
+    if not entry or not entry.get("test_acc"):
+        return "—"
+    accs = np.array(entry["test_acc"], dtype=float)
+    text = f"{_pct(float(accs.mean()))} ± {_pct(float(accs.std()))} ({len(accs)})"
+    best = pcx_protocol(entry.get("best_test_acc") or [None])
+    if best:
+        text += f"; best-epoch {_pct(best['mean'])}"
+    if entry.get("epoch_seconds"):
+        text += f"; {float(statistics.median(entry['epoch_seconds'])):.3g} s/epoch"
+    return text
 
 
 def _pct(x: float | None) -> str:
@@ -471,13 +545,15 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
         lines += [f"**Partial:** {done} of {len(protocol.variants)} variants so far"
                   + (f", and `{running}` with the seeds finished so far (its seed count says how many)" if running else "")
                   + "; rerun the command to continue.", ""]
+    peer = results.get("peer") or {}
     lines += ["| variant | rule, options | chosen | search val acc % | test acc % (mean ± std, seeds) | "
-              "epoch time (median) | time / BP | published |", "|---|---|---|---|---|---|---|---|"]
+              "PCX's protocol: best epoch, best K−2 of K | epoch time (median) | time / BP | PCX, this budget | "
+              "published |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["variants"]:
         opts = r["rule"] + (" " + ", ".join(f"{k}={v}" for k, v in r["options"].items()) if r["options"] else "")
         ref = "—" if r["reference"] is None else f"{r['reference']['test_acc']:.2f}"
         if r["skipped"] and not r["finals"]:
-            lines.append(f"| {r['label']} | {opts} | skipped | — | — | — | — | {ref} |")
+            lines.append(f"| {r['label']} | {opts} | skipped | — | — | — | — | — | — | {ref} |")
             continue
         chosen = point_name(r["chosen"]) if r["search"] else f"{point_name(r['chosen'])} (not searched)"
         best = max((s["score"] for s in r["search"] if s["score"] is not None), default=None)
@@ -486,9 +562,17 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
             + (f", {r['n_diverged']} diverged" if r["n_diverged"] else "") + ")")
         t = "—" if r["epoch_seconds"] is None else f"{r['epoch_seconds']:.3g} s"
         ratio = "—" if r["time_ratio"] is None else f"{r['time_ratio']:.2f}×"
-        lines.append(f"| {r['label']} | {opts} | {chosen} | {_pct(best)} | {acc} | {t} | {ratio} | {ref} |")
+        pcx = r.get("pcx_protocol")
+        pcx = "—" if not pcx else f"{_pct(pcx['mean'])} ({pcx['kept']} of {pcx['of']})"
+        lines.append(f"| {r['label']} | {opts} | {chosen} | {_pct(best)} | {acc} | {pcx} | {t} | {ratio} | "
+                     f"{format_peer(peer.get(r['variant']))} | {ref} |")
     lines += ["", "Test accuracy: the last epoch of each final run; ± is numpy's standard deviation over the seeds "
-              "(ddof = 0). Epoch time: the median over every epoch of the final runs (with --compile, first epochs "
+              "(ddof = 0). PCX's protocol (how PCX reports, Pinchetti et al. 2024): each seed's best test accuracy over "
+              "the epochs, the mean over the best K − 2 of K seeds (5 of 7 in PCX's tables; all for K ≤ 2): set it, not "
+              "the last-epoch column, beside a published PCX number. PCX, this budget: PCX itself run on the same "
+              "arrays, standardisation, augmentation, width, epochs and seeds (`benchmarks/peers/bench_pcx_conv.py`, "
+              "its `pcx.json` in this folder): last-epoch mean ± std (seeds); best-epoch by PCX's protocol; its median "
+              "epoch time. Epoch time: the median over every epoch of the final runs (with --compile, first epochs "
               f"include compiling); its ratio to `{protocol.baseline}`'s in this benchmark (runs resumed on another "
               "machine mix timings). Search scores per point: `results.json`; every run's metrics: its folder under "
               "`search/` or `final/`.", ""]

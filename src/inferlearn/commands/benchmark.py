@@ -16,7 +16,8 @@ def register(sub) -> None:
     p.add_argument("protocol", nargs="?", help=f"a protocol ({', '.join(PROTOCOLS)}) or a JSON file with one")
     p.add_argument("--budget", default="cpu",
                    help="full (the protocol's width and epochs; some need CUDA), cpu (the protocol's CPU preset, "
-                        "default) or a number F in (0, 1] that scales width and epochs")
+                        "default), smoke (a quick check that every row runs) or a number F in (0, 1] that scales "
+                        "width and epochs")
     p.add_argument("--seeds", type=int, default=5, help="final runs per variant, seeds 0..K-1 (default %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default runs/benchmark/PROTOCOL-BUDGET)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for a full budget that needs it, else cpu)")
@@ -28,6 +29,9 @@ def register(sub) -> None:
                    help="take the search scores and final runs recorded in an earlier results.json of this protocol "
                         "and budget instead of training them again (e.g. a committed table whose run folders are gone); "
                         "variants whose rule, options or grid changed train again")
+    p.add_argument("--variants", default=None, metavar="NAME,NAME",
+                   help="run only these variants (comma-separated names; default all): the table holds them, and a "
+                        "later run of every variant into the same --out skips the runs already finished")
     p.add_argument("--list", action="store_true", help="list the protocols and exit")
     p.add_argument("--dry-run", action="store_true", help="print the plan (every run, its config and state) and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -41,7 +45,7 @@ def list_protocols() -> str:
     for p in PROTOCOLS.values():
         lines.append(f"{p.name}: {p.summary}\n    data {p.data}, --arch {p.arch}, {len(p.variants)} variants "
                      f"({', '.join(v.name for v in p.variants)}); full budget on {p.full_device}, "
-                     f"--budget cpu = {p.cpu.factors}")
+                     f"--budget cpu = {p.cpu.factors}, --budget smoke = {p.smoke_budget.factors}")
     return "\n".join(lines)
 
 
@@ -67,7 +71,9 @@ def run(args) -> int:
     out = args.out if args.out is not None else f"runs/benchmark/{name}-{budget.name.replace('/', '-')}"
     settings = Settings(out=out, budget=budget, seeds=args.seeds, device=device, data_dir=args.data_dir,
                         allow_unverified=args.allow_unverified, threads=threads, compile=args.compile,
-                        reuse=args.reuse)
+                        reuse=args.reuse,
+                        variants=None if args.variants is None else tuple(n.strip() for n in args.variants.split(",")
+                                                                         if n.strip()))
     command = "inferlearn " + shlex.join(getattr(args, "argv", None) or ["benchmark", args.protocol])
     if args.dry_run:
         print(format_plan(protocol, settings, command))

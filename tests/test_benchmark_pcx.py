@@ -1,0 +1,120 @@
+"""The benchmark's PCX side: ``--variants``, PCX's reporting protocol, the peer's column, and PCX's recipes as rows.
+
+Oracles: PCX's own loop for β per epoch (``PC.py`` at commit c722834, transcribed here), the recipe files' numbers
+as the rows' configs, numpy over the run folders' metrics for the best-epoch statistics, and a real run of a subset
+then of every variant (the finished runs of the first are not trained again).
+"""
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferlearn.benchmark import PROTOCOLS, Settings, parse_budget
+from inferlearn.benchmark.protocols import PCX_VGG5, PCX_VGG7, pcx_betas
+from inferlearn.benchmark.runner import pcx_protocol, plan
+from inferlearn.cli import main
+
+TINY = {"name": "tiny2", "summary": "a test protocol on digits", "data": "digits", "arch": "64-16-10", "val_size": 300,
+        "train": {"epochs": 3, "batch_size": 50, "optimizer": "sgd", "limit_train": 300},
+        "variants": [{"name": "bp", "rule": "backprop", "train": {"lr": 0.3}},
+                     {"name": "pc", "rule": "pc", "train": {"lr": 0.1}}]}
+
+
+def _cli(*args) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _pcx_loop_betas(beta, factor, ir, epochs=50):
+    """PCX's PC.py, line for line: β of epoch e and its clipping."""
+    out = []
+    for e in range(epochs):
+        b = factor * (beta + ir * e)
+        if b >= 1.0:
+            b = 1.0
+        elif b <= -1.0 and factor == 0:
+            b = -1.0
+        elif b <= -1.0 and factor != 0:
+            b = 1.0
+        out.append(b)
+    return out
+
+
+@pytest.mark.parametrize("beta,factor,ir", [(0.32297201469734277, 1.0, 0.02), (0.17877062530418192, -1.0, 0.02),
+                                           (0.1, 1.0, 0.0), (0.1, -1.0, 0.02)])
+def test_pcx_betas_follow_pcx_loop(beta, factor, ir):
+    np.testing.assert_allclose(pcx_betas(beta, factor, ir), _pcx_loop_betas(beta, factor, ir), atol=1e-10)
+
+
+def test_pcx_rows_carry_the_recipe_files_numbers():
+    """The rows' configs hold PCX's VGG-5 CIFAR-10 PC-CE file (T 8, x lr 0.0147 momentum 0.05, w lr 2.64e-4, wd 1.21e-5,
+    GELU), its schedule, and the per-sample and 1/B readings of the value-node rate."""
+    p = PROTOCOLS["vgg5-cifar10"]
+    runs = {r["variant"]: r["config"] for r in plan(p, Settings(out="x", budget=parse_budget("cpu", p), seeds=1))}
+    per_sample, code = runs["pcx-pc-ce"], runs["pcx-pc-ce-b"]
+    assert per_sample.rule_options["step_size"] == pytest.approx(0.014708110891388754)
+    assert code.rule_options["step_size"] == pytest.approx(0.014708110891388754 / 128)
+    for cfg in (per_sample, code):
+        assert (cfg.rule, cfg.optimizer, cfg.lr_schedule, cfg.batch_size) == ("pc", "adamw", "warmup-cosine", 128)
+        assert cfg.lr == pytest.approx(2.641020393177285e-4) and cfg.weight_decay == pytest.approx(1.2107509557065504e-5)
+        assert cfg.rule_options | {"step_size": 0} == {"steps": 8, "inference_optimizer": "momentum",
+                                                        "inference_momentum": 0.05, "output": "ce", "step_size": 0}
+        assert cfg.arch == "vgg5:width=0.125,act=gelu" and cfg.epochs == 5
+    nn = runs["pcx-pc-nn-b"].rule_options
+    assert nn["nudging"] == "target" and nn["beta_schedule"].split(",")[:2] == ["-0.178771", "-0.198771"]
+    assert runs["pcx-bp-ce"].rule_options == {"loss": "cross-entropy"}
+    assert {r.name for r in PCX_VGG5} == {r.name for r in PCX_VGG7} == {"bp-se", "bp-ce", "pc-se", "pc-ce", "pc-pn",
+                                                                         "pc-nn", "pc-cn"}
+    assert len(PCX_VGG5[-1].betas) == 48 and set(PCX_VGG5[-1].betas) == {0.9, -0.9}
+
+
+def test_pcx_protocol_is_the_mean_of_the_best_k_minus_2():
+    assert pcx_protocol([0.5, 0.7, 0.6, 0.9, 0.8])["mean"] == pytest.approx(0.8)     # the best 3 of 5
+    assert pcx_protocol([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]) | {"mean": 0} == {"mean": 0, "std": pytest.approx(
+        np.std([0.3, 0.4, 0.5, 0.6, 0.7])), "kept": 5, "of": 7}                         # PCX's 5 of 7
+    assert pcx_protocol([0.4, 0.6]) == {"mean": pytest.approx(0.5), "std": pytest.approx(0.1), "kept": 2, "of": 2}
+    assert pcx_protocol([0.4, None]) is None
+
+
+def test_a_subset_of_variants_then_all_of_them(tmp_path):
+    """``--variants pc`` runs and tables only pc; the run of every variant then trains bp and skips pc's finished runs.
+    The table's best-epoch column is numpy's over the run folders' metrics; the peer's column reads pcx.json."""
+    spec, out = tmp_path / "tiny2.json", tmp_path / "out"
+    spec.write_text(json.dumps(TINY))
+    args = ("benchmark", str(spec), "--budget", "full", "--seeds", "3", "--out", str(out), "--quiet")
+    rc, stdout, err = _cli(*args, "--variants", "pc")
+    assert rc == 0, err
+    res = json.loads((out / "results.json").read_text())
+    assert [r["variant"] for r in res["variants"]] == ["pc"] and not res["complete"]
+    assert not (out / "final" / "bp").exists() and "Partial:** 1 of 2" in (out / "results.md").read_text()
+    best = [max(json.loads(line)["test_acc"] for line in (out / "final" / "pc" / f"seed{k}" / "metrics.jsonl")
+                .read_text().splitlines()) for k in range(3)]
+    row = res["variants"][0]
+    assert [f["best_test_acc"] for f in row["finals"]] == best
+    assert row["pcx_protocol"]["mean"] == pytest.approx(max(best)) and row["pcx_protocol"]["kept"] == 1
+    (out / "pcx.json").write_text(json.dumps({"variants": {"pc": {"test_acc": [0.25, 0.35], "best_test_acc": [0.3, 0.4],
+                                                                  "epoch_seconds": [2.0, 4.0, 3.0]}}}))
+    rc, stdout, err = _cli(*args)
+    assert rc == 0, err
+    assert "final pc default seed 0: test" in stdout and "(finished earlier, skipped)" in stdout
+    assert "final bp default seed 0: test" in stdout and "(trained)" in stdout
+    res = json.loads((out / "results.json").read_text())
+    assert [r["variant"] for r in res["variants"]] == ["bp", "pc"] and res["complete"]
+    md = (out / "results.md").read_text()
+    assert "30.00 ± 5.00 (2); best-epoch 35.00; 3 s/epoch" in md and "PCX, this budget" in md
+    (out / "pcx.json").write_text(json.dumps({"variants": ["pc"]}))
+    rc, _, err = _cli(*args)
+    assert rc == 2 and "pcx.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_variants_and_smoke_budget(tmp_path):
+    rc, _, err = _cli("benchmark", "vgg5-cifar10", "--variants", "bp,nosuch", "--dry-run", "--out", str(tmp_path / "o"))
+    assert rc == 2 and "has no variant 'nosuch'" in err and "pcx-pc-ce-b" in err
+    rc, stdout, _ = _cli("benchmark", "vgg5-cifar10", "--budget", "smoke", "--variants", "bp", "--dry-run", "--seeds",
+                         "1", "--out", str(tmp_path / "o"))
+    assert rc == 0 and "vgg5:width=0.0625`, 3 epochs" in stdout
