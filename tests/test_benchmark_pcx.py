@@ -68,6 +68,7 @@ def test_pcx_rows_carry_the_recipe_files_numbers():
     nn = runs["pcx-pc-nn-b"].rule_options
     assert nn["nudging"] == "target" and nn["beta_schedule"].split(",")[:2] == ["-0.178771", "-0.198771"]
     assert runs["pcx-bp-ce"].rule_options == {"loss": "cross-entropy"}
+    assert runs["pcx-epc-ce"].rule_options == {"output": "ce"} and runs["pcx-epc-ce"].lr == runs["pcx-bp-ce"].lr
     assert {r.name for r in PCX_VGG5} == {r.name for r in PCX_VGG7} == {"bp-se", "bp-ce", "pc-se", "pc-ce", "pc-pn",
                                                                          "pc-nn", "pc-cn"}
     assert len(PCX_VGG5[-1].betas) == 48 and set(PCX_VGG5[-1].betas) == {0.9, -0.9}

@@ -452,8 +452,8 @@ PCX_BATCH = 128
 
 
 def pcx_variants(model: str, recipes: tuple, origin: str) -> tuple:
-    """A row at exactly each PCX recipe (``origin`` names the files): a back-propagation recipe once, a PC recipe
-    twice — the value-node rate per sample as the file states it (``pcx-NAME``), and divided by the batch as PCX's
+    """A row at exactly each PCX recipe (``origin`` names the files): a back-propagation recipe once (and ePC at it,
+    ``pcx-epc-se``/``-ce``: PCX has no ePC), a PC recipe twice — the value-node rate per sample as the file states it (``pcx-NAME``), and divided by the batch as PCX's
     published code applies it (``pcx-NAME-b``: ``pmean`` over the batch gives each value node 1/B of its gradient)."""
     out = []
     for r in recipes:
@@ -462,6 +462,9 @@ def pcx_variants(model: str, recipes: tuple, origin: str) -> tuple:
         if not r.steps:
             out.append(Variant(f"pcx-{r.name}", "backprop", f"{r.label}, PCX's {origin} recipe ({r.act})",
                                {"loss": "cross-entropy"} if r.ce else {}, train=train))
+            # PCX has no ePC recipe; ePC's small-step regime is back-propagation's, so BP's recipe is its own
+            out.append(Variant(f"pcx-epc-{r.name[3:]}", "epc", f"ePC (K = 5, η = 1e-4) at PCX's {origin} {r.label} "
+                               f"recipe ({r.act})", {"output": "ce"} if r.ce else {}, train=train))
             continue
         options = {"steps": r.steps, "inference_optimizer": "momentum", "inference_momentum": r.x_momentum,
                    **({"output": "ce"} if r.ce else {}),
