@@ -174,11 +174,15 @@ def test_run_folder_guards(tmp_path):
 
 
 def test_resume_without_checkpoint_restarts_with_a_note(tmp_path):
-    """Killed before the first checkpoint: --resume starts the run from scratch and says so."""
+    """Killed before the first checkpoint: --resume starts the run from scratch and says so; a fresh folder (a new
+    row of `reproduce`) starts without a note."""
     cfg = _cfg(tmp_path, "k", epochs=1)
     notes = []
     history = train(cfg, progress=False, resume=True, log=notes.append)
-    assert history[-1]["epoch"] == 1 and any("no checkpoint yet" in n for n in notes)
+    assert history[-1]["epoch"] == 1 and not any("checkpoint" in n for n in notes)
+    (tmp_path / "k" / "checkpoint.pt").unlink()   # as if killed before the first checkpoint
+    history = train(cfg, progress=False, resume=True, log=notes.append)
+    assert history[-1]["epoch"] == 1 and any("stopped before its first checkpoint" in n for n in notes)
 
 
 def test_cli_refuses_options_dropped_by_resume(tmp_path, capsys):
