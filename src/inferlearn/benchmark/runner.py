@@ -527,6 +527,14 @@ def format_peer(entry: dict | None) -> str:
     return text
 
 
+def _short(value) -> str:
+    """An option's value for the table: a long comma-separated list (a β schedule) as its first values and its length
+    (``results.json`` keeps it whole)."""
+    text = str(value)
+    items = text.split(",")
+    return text if len(text) <= 40 else f"{','.join(items[:3])},… ({len(items)} values)"
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.2f}"
 
@@ -550,7 +558,7 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
               "PCX's protocol: best epoch, best K−2 of K | epoch time (median) | time / BP | PCX, this budget | "
               "published |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["variants"]:
-        opts = r["rule"] + (" " + ", ".join(f"{k}={v}" for k, v in r["options"].items()) if r["options"] else "")
+        opts = r["rule"] + (" " + ", ".join(f"{k}={_short(v)}" for k, v in r["options"].items()) if r["options"] else "")
         ref = "—" if r["reference"] is None else f"{r['reference']['test_acc']:.2f}"
         if r["skipped"] and not r["finals"]:
             lines.append(f"| {r['label']} | {opts} | skipped | — | — | — | — | — | — | {ref} |")
