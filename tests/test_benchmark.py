@@ -314,3 +314,56 @@ def test_the_docs_protocol_example_is_a_valid_protocol(tmp_path):
     p = Protocol.from_dict(json.loads(block))
     runs = plan(p, Settings(out=str(tmp_path), budget=parse_budget("full", p), seeds=2))
     assert len(runs) == 2 + 4 + 2 * 2   # bp: 2 points, pc: 2 × 2 points; 2 final seeds each
+
+
+def test_dry_run_on_a_finished_benchmark_says_what_a_rerun_does(bench, spec, tmp_path):
+    """On a finished benchmark every run — final runs at the point the search chose included — is "finished" (not a
+    conflict), as the real rerun skips them all; the plan counts the runs and estimates the time of what is left from
+    the folder's own epoch times."""
+    args = ("benchmark", str(spec), "--budget", "full", "--seeds", "3", "--out", str(bench), "--dry-run")
+    rc, stdout, err = _cli(*args)
+    assert rc == 0, err
+    runs = [line for line in stdout.splitlines() if line.startswith(("- search", "- final", "- skip"))]
+    states = [line.rsplit("[", 1)[1].rstrip("]") for line in runs]
+    assert states and {s.split(":")[0] for s in states} == {"finished", "skipped"} and not any("conflict" in s for s in states)
+    assert "- skip   lpom-gelu: lpom" in stdout   # the rule refuses the model: the table skipped it, so will a rerun
+    finished, skipped = states.count("finished"), len(states) - states.count("finished")
+    assert f"**{len(states)} runs:** {finished} finished, {skipped} skipped." in stdout and "Time left" not in stdout
+    rc, stdout, _ = _cli(*args[:-2], str(tmp_path / "fresh"), "--dry-run")   # a fresh folder: the finals wait
+    assert "[after the search]" in stdout and "[to run]" in stdout and "no estimate yet for bp" in stdout
+    import shutil
+
+    shutil.copytree(bench, tmp_path / "copy")
+    shutil.rmtree(tmp_path / "copy" / "final" / "bp" / "seed2")   # one final run lost: it alone trains again
+    rc, stdout, _ = _cli(*args[:-2], str(tmp_path / "copy"), "--dry-run")
+    assert f"finished, 1 skipped, 1 to run." in stdout and "for the 2 epochs of the variants with a finished run" in stdout
+
+
+def test_a_rerun_cut_short_keeps_the_complete_table(bench, spec, tmp_path, monkeypatch):
+    """A complete results table is only replaced by one holding as much: a rerun with more seeds interrupted after its
+    first new run writes results.partial.md, and the complete results.md/json stay; the finished rerun replaces them."""
+    import shutil
+
+    import inferlearn.training.loop as loop
+
+    out = tmp_path / "copy"
+    shutil.copytree(bench, out)
+    before = {name: (out / name).read_bytes() for name in ("results.md", "results.json")}
+    real, calls = loop.run_epoch, []
+
+    def interrupt(s, config, epoch, *a, **k):   # the first new seed of bp trains, the second is interrupted
+        calls.append(epoch)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(s, config, epoch, *a, **k)
+
+    monkeypatch.setattr(loop, "run_epoch", interrupt)
+    rc, _, err = _cli("benchmark", str(spec), "--budget", "full", "--seeds", "5", "--out", str(out), "--quiet")
+    assert rc == 130, err
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert "Partial" in (out / "results.partial.md").read_text()
+    monkeypatch.setattr(loop, "run_epoch", real)
+    rc, stdout, err = _cli("benchmark", str(spec), "--budget", "full", "--seeds", "5", "--out", str(out), "--quiet")
+    assert rc == 0, err
+    table = json.loads((out / "results.json").read_text())
+    assert table["complete"] and table["variants"][0]["n_seeds"] == 5 and not (out / "results.partial.md").exists()

@@ -219,31 +219,114 @@ def reused_final(row: dict | None, chosen: dict | None, seed: int) -> dict | Non
     return next((dict(f) for f in row.get("finals", []) if f["seed"] == seed), None)
 
 
+def run_state(config: TrainConfig) -> tuple[str, list[dict] | None]:
+    """How a real run treats the folder of ``config``: ``("finished", history)``, ``("diverged", None)``,
+    ``("resumes", None)`` (an interrupted run), ``("to run", None)``, or ``("conflict: …", None)`` (another run's
+    settings: the real run refuses it)."""
+    out = Path(config.out)
+    try:
+        history = finished_history(config)
+    except RunFolderError as exc:
+        return f"conflict: {exc}", None
+    if history is not None:
+        return "finished", history
+    if (out / DIVERGED).exists() and (out / "config.json").exists():
+        return "diverged", None
+    return ("resumes", None) if (out / "config.json").exists() else ("to run", None)
+
+
+def planned_choice(protocol: Protocol, v: Variant, settings: Settings, row: dict | None) -> tuple[dict | None, bool]:
+    """``(the point the search chooses, True)`` when every search run of ``v`` is finished, diverged or recorded in
+    ``--reuse`` (the choice the real run makes), else ``(None, False)``; an unsearched variant's one point."""
+    points = search_points(v)
+    if not points:
+        return v.grid()[0], True
+    scores = []
+    for point in points:
+        recorded = reused_search(row, point, protocol.search_seeds)
+        if recorded is None:
+            recorded = []
+            for seed in range(protocol.search_seeds):
+                state, history = run_state(run_config(protocol, v, point, seed, True, settings))
+                if state not in ("finished", "diverged"):
+                    return None, False
+                recorded.append(None if history is None else score(history, protocol.select))
+        scores.append(None if any(x is None for x in recorded) else statistics.fmean(recorded))
+    best = choose(points, scores)
+    return (None if best is None else points[best]), True
+
+
+def refused_rows(out: Path) -> dict:
+    """``{(variant, rule, options as JSON): reason}`` of the rows the folder's last table skipped because the rule
+    refused the model (the probe of :func:`probe`)."""
+    try:
+        rows = json.loads((out / "results.json").read_text()).get("variants", [])
+        return {(r["variant"], r["rule"], json.dumps(r.get("options", {}), sort_keys=True)): r["skipped"]
+                for r in rows if r.get("skipped") and not r.get("finals") and not r.get("search")}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return {}
+
+
 def format_plan(protocol: Protocol, settings: Settings, command: str) -> str:
-    """The plan as text (``--dry-run``): the header every output carries, then one line per run with its state."""
+    """The plan as text (``--dry-run``): the header every output carries, one line per run with its state — the
+    state a real run would find: final runs at the point the finished search chose (or "after the search") — and
+    the count of runs per state with an estimate of the time left."""
     lines = header(protocol, settings, command, data_line=f"`{protocol.data}` (read when the benchmark runs)")
     reuse = load_reuse(settings.reuse, protocol, settings)
-    for run in plan(protocol, settings):
-        cfg = run["config"]
-        row = reuse.get(run["variant"])
-        recorded = (reused_search(row, run["point"], protocol.search_seeds) is not None if run["kind"] == "search"
-                    else row is not None and any(f["seed"] == run["seed"] for f in row.get("finals", [])))
-        try:
-            state = "reused from --reuse" if recorded else "finished" if finished_history(cfg) is not None else (
-                "diverged" if (Path(cfg.out) / DIVERGED).exists() else
-                "interrupted: resumes" if (Path(cfg.out) / "config.json").exists() else "to run")
-        except RunFolderError as exc:
-            state = f"conflict: {exc}"
-        if run["point"] is None:   # the search chooses the point: show the variant's own settings
-            v = protocol.variant(run["variant"])
-            grid = "; ".join(f"{k} in {list(vals)}" for k, vals in v.search.items())
-            point, options = f"the search's choice ({grid})", dict(v.options)
-            lr = "searched" if "lr" in v.search else f"{cfg.resolved().lr:g}"
-        else:
-            point, options, lr = point_name(run["point"]), cfg.rule_options, f"{cfg.resolved().lr:g}"
-        lines.append(f"- {run['kind']:6s} {run['variant']}: {point}, seed {run['seed']}: {cfg.rule} "
-                     f"{options or ''} `{cfg.arch}` {cfg.epochs} epochs, {cfg.optimizer} lr {lr}, "
-                     f"batch {cfg.batch_size} -> {cfg.out} [{state}]")
+    counts: dict[str, int] = {}
+    todo: dict[str, int] = {}   # epochs left per variant
+    measured: dict[str, list[float]] = {}
+    refused = refused_rows(Path(settings.out))
+    for v in selected(protocol, settings):
+        row = reuse.get(v.name)
+        reason = refused.get((v.name, v.rule, json.dumps(dict(v.options), sort_keys=True)))
+        if reason is not None:   # the real run probes the rule again and skips it, training nothing
+            counts["skipped"] = counts.get("skipped", 0) + 1
+            lines.append(f"- skip   {v.name}: {v.rule} {dict(v.options) or ''} [skipped: {reason}]")
+            continue
+        chosen, decided = planned_choice(protocol, v, settings, row)
+        runs = [(p, s, True) for p in search_points(v) for s in range(protocol.search_seeds)]
+        runs += [(chosen, k, False) for k in range(settings.seeds)]
+        for point, seed, search in runs:
+            kind = "search" if search else "final"
+            cfg = run_config(protocol, v, point if point is not None else v.grid()[0], seed, search, settings)
+            if search and reused_search(row, point, protocol.search_seeds) is not None or not search and decided and (
+                    reused_final(row, chosen, seed) is not None):
+                state, history = "reused from --reuse", None
+            elif not search and not decided:
+                state, history = "after the search", None
+            elif not search and chosen is None:
+                state, history = "skipped: every search run diverged", None
+            else:
+                state, history = run_state(cfg)
+            if history:
+                measured.setdefault(v.name, []).extend(h["epoch_seconds"] for h in history if "epoch_seconds" in h)
+            if state in ("to run", "resumes", "after the search"):
+                todo[v.name] = todo.get(v.name, 0) + cfg.epochs
+            key = "conflict" if state.startswith("conflict") else state.split(":")[0]
+            counts[key] = counts.get(key, 0) + 1
+            if point is None:   # the search chooses the point: show the variant's own settings
+                grid = "; ".join(f"{k} in {list(vals)}" for k, vals in v.search.items())
+                shown, options = f"the search's choice ({grid})", dict(v.options)
+                lr = "searched" if "lr" in v.search else f"{cfg.resolved().lr:g}"
+            else:
+                shown, options, lr = point_name(point), cfg.rule_options, f"{cfg.resolved().lr:g}"
+            lines.append(f"- {kind:6s} {v.name}: {shown}, seed {seed}: {cfg.rule} {options or ''} `{cfg.arch}` "
+                         f"{cfg.epochs} epochs, {cfg.optimizer} lr {lr}, batch {cfg.batch_size} -> {cfg.out} [{state}]")
+    total = sum(counts.values())
+    lines += ["", f"**{total} runs:** " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + "."]
+    known = {name: statistics.median(t) for name, t in measured.items() if t}
+    left = sum(known[name] * e for name, e in todo.items() if name in known)
+    unknown = sorted(name for name in todo if name not in known)
+    parts = []
+    if any(name in known for name in todo):
+        parts.append(f"about {left / 3600:.1f} h for the {sum(e for n, e in todo.items() if n in known)} epochs of "
+                     "the variants with a finished run here (at their median epoch time)")
+    if unknown:
+        parts.append(f"no estimate yet for {', '.join(unknown)} ({sum(todo[n] for n in unknown)} epochs: none of their "
+                     "runs has finished in this folder)")
+    if parts:
+        lines.append("**Time left:** " + "; ".join(parts) + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -425,18 +508,40 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
     return _write(protocol, settings, command, rows)
 
 
+def completeness(results: dict) -> tuple[int, int]:
+    """How much a results table holds: ``(final runs finished or diverged, rows decided)`` (a skipped row counts as
+    decided)."""
+    rows = results.get("variants") or []
+    finals = sum(1 for r in rows for f in r.get("finals", []) if "test_acc" in f or "diverged" in f)
+    return finals, sum(1 for r in rows if r.get("finals") or r.get("skipped"))
+
+
 def _write(protocol: Protocol, settings: Settings, command: str, rows: list[dict], running: str | None = None) -> dict:
     """Write ``results.json``, ``results.md`` and ``results.png`` for the variants in ``rows`` (``running``: the
-    variant whose final runs are under way; its row holds the seeds so far)."""
+    variant whose final runs are under way; its row holds the seeds so far). A table is only ever replaced by one
+    that holds at least as much (:func:`completeness`): a rerun cut short, or one of fewer ``--variants``, writes
+    ``results.partial.md`` / ``.json`` instead, and ``results["written"]`` names what was written."""
     with warnings.catch_warnings():   # an unverified copy: the runs warned, and the data line says so
         warnings.simplefilter("ignore")
         data = load_dataset(protocol.data, settings.data_dir, allow_unverified=settings.allow_unverified)
     results = _results(protocol, settings, command, rows, data_line(data))
     results["complete"] = len(rows) == len(protocol.variants) and running is None
     results["running"] = running
-    write_json(results, Path(settings.out) / "results.json")
-    write_text(format_results(protocol, settings, results), Path(settings.out) / "results.md")
-    _plot(results, Path(settings.out) / "results.png")
+    out = Path(settings.out)
+    stem = "results"
+    try:
+        old = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict) and completeness(old) > completeness(results):
+        stem = "results.partial"
+    results["written"] = str(out / f"{stem}.md")
+    write_json(results, out / f"{stem}.json")
+    write_text(format_results(protocol, settings, results), out / f"{stem}.md")
+    if stem == "results":
+        _plot(results, out / "results.png")
+        for name in ("results.partial.md", "results.partial.json"):   # superseded by the table just written
+            (out / name).unlink(missing_ok=True)
     return results
 
 

@@ -78,7 +78,11 @@ def run(args) -> int:
     if args.dry_run:
         print(format_plan(protocol, settings, command))
         return 0
-    run_benchmark(protocol, settings, command, progress=not args.quiet, log=print)
-    print((Path(out) / "results.md").read_text())
-    print(f"results: {out}/results.md, results.json, results.png")
+    results = run_benchmark(protocol, settings, command, progress=not args.quiet, log=print)
+    written = Path(results["written"])
+    print(written.read_text())
+    if written.name == "results.md":
+        print(f"results: {out}/results.md, results.json, results.png")
+    else:
+        print(f"results so far: {written} and .json ({out}/results.md holds a more complete table, kept)")
     return 0
