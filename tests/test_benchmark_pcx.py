@@ -119,3 +119,39 @@ def test_unknown_variants_and_smoke_budget(tmp_path):
     rc, stdout, _ = _cli("benchmark", "vgg5-cifar10", "--budget", "smoke", "--variants", "bp", "--dry-run", "--seeds",
                          "1", "--out", str(tmp_path / "o"))
     assert rc == 0 and "vgg5:width=0.0625`, 3 epochs" in stdout
+
+
+def test_edge_extension_goes_one_grid_ratio_out_and_stops():
+    from inferlearn.benchmark import Variant
+    from inferlearn.benchmark.runner import edge_extension
+
+    v = Variant("bp", "backprop", search={"lr": (3e-4, 1e-3, 3e-3), "momentum": (0.0, 0.5)})
+    pts = v.grid()
+    top = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]        # lr 3e-3, momentum 0.5 best: both axes on their top ends
+    assert edge_extension(v, pts, top, 2) == {"lr": 9e-3, "momentum": 0.5}
+    assert edge_extension(v, pts + [{"lr": 9e-3, "momentum": 0.5}], top + [0.7], 2) == {"lr": 2.7e-2, "momentum": 0.5}
+    assert edge_extension(v, pts + [{"lr": 9e-3, "momentum": 0.5}], top + [0.7], 1) is None   # one beyond the end
+    low = [0.9, 0.1, 0.2, 0.3, 0.4, 0.5]         # lr 3e-4 best (momentum's grid holds 0: no geometric axis)
+    assert edge_extension(v, pts, low, 2) == {"lr": 9e-5, "momentum": 0.0}
+    inner = [0.1, 0.2, 0.9, 0.3, 0.4, 0.5]       # lr 1e-3 best: inside
+    assert edge_extension(v, pts, inner, 2) is None
+    assert edge_extension(v, pts, [None] * 6, 2) is None
+
+
+def test_a_search_on_the_edge_extends_the_grid_before_the_final_runs(tmp_path):
+    """extend=1: bp's choice at the grid's top (lr 0.03 of [0.01, 0.03]) adds lr 0.09; the final runs use the best of
+    the three by the run folders' validation accuracies, and the dry run afterwards finds every run finished."""
+    spec = dict(TINY, name="edge", extend=1, variants=[{"name": "bp", "rule": "backprop", "search": {"lr": [0.01, 0.03]}}])
+    path, out = tmp_path / "edge.json", tmp_path / "out"
+    path.write_text(json.dumps(spec))
+    args = ("benchmark", str(path), "--budget", "full", "--seeds", "1", "--out", str(out), "--quiet")
+    rc, stdout, err = _cli(*args)
+    assert rc == 0, err
+    assert "extending it to lr=0.09" in stdout
+    row = json.loads((out / "results.json").read_text())["variants"][0]
+    val = {lr: json.loads((out / "search" / "bp" / f"lr={lr:g}" / "seed0" / "metrics.jsonl").read_text()
+                          .splitlines()[-1])["val_acc"] for lr in (0.01, 0.03, 0.09)}
+    assert [s["point"]["lr"] for s in row["search"]] == [0.01, 0.03, 0.09]
+    assert row["chosen"]["lr"] == max(val, key=val.get)
+    rc, stdout, _ = _cli(*args[:-1], "--dry-run")
+    assert rc == 0 and "**4 runs:** 4 finished." in stdout

@@ -165,6 +165,9 @@ class Protocol:
         val_size: the validation split of the search: the last N training images (``TrainConfig.val_size``).
         select: ``last`` (validation accuracy after the last epoch, default) or ``best`` (the best epoch's).
         search_seeds: seeds per search point (the score is the mean validation accuracy over them).
+        extend: when a search's choice lies on an end of a numeric grid axis, search up to this many more points
+            beyond that end, one grid ratio apart, before the final runs (:func:`~inferlearn.benchmark.runner.
+            edge_extension`; 0: the grid only; the built-in protocols extend twice).
         cpu: the ``--budget cpu`` preset.
         smoke: the ``--budget smoke`` preset, a quick check that every row runs (default: ``cpu``'s factors).
         full_device: ``cuda`` when the full budget needs a GPU (refused without one), else ``cpu``.
@@ -183,6 +186,7 @@ class Protocol:
     val_size: int = 5000
     select: str = "last"
     search_seeds: int = 1
+    extend: int = 0
     cpu: Budget = FULL
     smoke: Budget | None = None
     full_device: str = "cpu"
@@ -202,6 +206,8 @@ class Protocol:
             raise ValueError(f"Protocol {self.name}: the baseline {self.baseline!r} is not one of its variants")
         if self.select not in SELECTIONS:
             raise ValueError(f"Protocol {self.name}: select {self.select!r}; choose one of {list(SELECTIONS)}")
+        if not (isinstance(self.extend, int) and not isinstance(self.extend, bool) and self.extend >= 0):
+            raise ValueError(f"Protocol {self.name}: extend must be an integer ≥ 0 (points searched beyond a grid's edge)")
         if not (isinstance(self.search_seeds, int) and self.search_seeds >= 1):
             raise ValueError(f"Protocol {self.name}: search_seeds must be an integer ≥ 1")
         if not (isinstance(self.val_size, int) and self.val_size >= 1):
@@ -384,7 +390,7 @@ _MLP_NOTES = ("Our settings, not PCX's: ReLU units (every rule here accepts them
 def _mlp(name: str, data: str, summary: str) -> Protocol:
     return Protocol(name=name, summary=summary, data=data, arch="pcx-mlp", variants=_mlp_variants(),
                     train={"act": "relu", "epochs": 10, "batch_size": 64, "optimizer": "adam"},
-                    val_size=5000, select="last", cpu=Budget("cpu"), full_device="cpu", notes=_MLP_NOTES)
+                    val_size=5000, select="last", extend=2, cpu=Budget("cpu"), full_device="cpu", notes=_MLP_NOTES)
 
 
 @dataclass(frozen=True)
@@ -545,7 +551,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                   or v.name.startswith("pcx-")),
         train={"act": "relu", "epochs": 50, "batch_size": 128, "optimizer": "adamw", "weight_decay": 5e-4,
                "lr_schedule": "cosine", "standardize": "on", "augment": "crop-flip"},
-        val_size=5000, select="last", cpu=Budget("cpu", width=0.125, epochs=0.1),
+        val_size=5000, select="last", extend=2, cpu=Budget("cpu", width=0.125, epochs=0.1),
         smoke=Budget("smoke", width=0.0625, epochs=0.06), full_device="cuda",
         references=(Reference("bp", 89.43, "BP with the squared error"),
                     Reference("pc-centred", 89.47, "PCX's best PC variant, centred nudging"),
@@ -564,13 +570,13 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         name="vgg7-cifar10", summary="PCX's VGG-7 on colour CIFAR-10: our searched BP/PC/ePC rows beside PCX's VGG-7 "
         "recipes (--budget cpu: width ×1/8, 5 epochs)",
         data="cifar10", arch="vgg7", variants=_conv_variants("vgg7", PCX_VGG7, "VGG-7 CIFAR-100"), train=_CONV_TRAIN,
-        val_size=5000, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
+        val_size=5000, extend=2, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
         full_device="cuda", notes=_CONV_NOTES + " PCX publishes VGG-7 recipes for CIFAR-100 and Tiny ImageNet, not "
         "CIFAR-10: the pcx- rows use the CIFAR-100 files."),
     Protocol(
         name="resnet18-cifar10", summary="ResNet-18 (CIFAR-style, no BatchNorm) on colour CIFAR-10: BP, PC, ePC "
         "(--budget cpu: width ×1/8, 5 epochs)",
         data="cifar10", arch="resnet18", variants=_conv_variants("resnet18", (), ""), train=_CONV_TRAIN,
-        val_size=5000, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
+        val_size=5000, extend=2, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
         full_device="cuda", notes=_RESNET_NOTES),
 )}

@@ -122,6 +122,42 @@ def run_config(protocol: Protocol, variant: Variant, point: dict, seed: int, sea
         raise ValueError(f"Protocol {protocol.name}, variant {variant.name}: {exc}") from None
 
 
+def edge_extension(v: Variant, points: list[dict], scores: list, most: int) -> dict | None:
+    """The next point to search when the best of ``points`` lies on the edge of a numeric grid axis: that axis one
+    grid ratio further out (``3e-3`` chosen from ``(3e-4, 1e-3, 3e-3)``: ``9.5e-3``; the low end likewise), the other
+    keys at the choice; at most ``most`` beyond each end (the protocol's ``extend``). ``None`` when the choice is inside the grid
+    (or at an end already extended that far, or every point diverged)."""
+    best = choose(points, scores)
+    if best is None:
+        return None
+    chosen = points[best]
+    for key, grid in v.search.items():
+        values = sorted(grid) if all(isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0
+                                     for g in grid) else []
+        if len(values) < 2:
+            continue
+        line = sorted({p[key] for p in points if all(p[k] == chosen[k] for k in p if k != key)})
+        for end, ratio, beyond in ((line[-1], values[-1] / values[-2], [x for x in line if x > values[-1]]),
+                                   (line[0], values[0] / values[1], [x for x in line if x < values[0]])):
+            if chosen[key] == end and len(beyond) < most and ratio != 1:
+                candidate = {**chosen, key: float(f"{end * ratio:.6g}")}
+                if candidate not in points:
+                    return candidate
+    return None
+
+
+def _valid_extension(protocol: Protocol, v: Variant, points: list, scores: list, settings: Settings) -> dict | None:
+    """:func:`edge_extension`, or ``None`` where the next point is not a valid setting (e.g. an inference step the
+    rule refuses)."""
+    extra = edge_extension(v, points, scores, protocol.extend)
+    try:
+        if extra is not None:
+            run_config(protocol, v, extra, 0, True, settings)
+    except ValueError:
+        return None
+    return extra
+
+
 def selected(protocol: Protocol, settings: Settings) -> tuple:
     """The protocol's variants this invocation runs (``settings.variants``, in the protocol's order).
 
@@ -235,25 +271,37 @@ def run_state(config: TrainConfig) -> tuple[str, list[dict] | None]:
     return ("resumes", None) if (out / "config.json").exists() else ("to run", None)
 
 
-def planned_choice(protocol: Protocol, v: Variant, settings: Settings, row: dict | None) -> tuple[dict | None, bool]:
-    """``(the point the search chooses, True)`` when every search run of ``v`` is finished, diverged or recorded in
-    ``--reuse`` (the choice the real run makes), else ``(None, False)``; an unsearched variant's one point."""
+def planned_choice(protocol: Protocol, v: Variant, settings: Settings,
+                   row: dict | None) -> tuple[dict | None, bool, list[dict]]:
+    """``(the point the search chooses, True, the points searched)`` when every search run of ``v`` is finished,
+    diverged or recorded in ``--reuse`` (the choice the real run makes, with the points it adds beyond a grid's edge),
+    else ``(None, False, the points so far)``; an unsearched variant's one point."""
     points = search_points(v)
     if not points:
-        return v.grid()[0], True
-    scores = []
-    for point in points:
+        return v.grid()[0], True, []
+    scores: list = []
+
+    def recorded_score(point: dict):
         recorded = reused_search(row, point, protocol.search_seeds)
         if recorded is None:
             recorded = []
             for seed in range(protocol.search_seeds):
                 state, history = run_state(run_config(protocol, v, point, seed, True, settings))
                 if state not in ("finished", "diverged"):
-                    return None, False
+                    return False
                 recorded.append(None if history is None else score(history, protocol.select))
         scores.append(None if any(x is None for x in recorded) else statistics.fmean(recorded))
+        return True
+
+    for point in list(points):
+        if not recorded_score(point):
+            return None, False, points
+    while (extra := _valid_extension(protocol, v, points, scores, settings)) is not None:   # as the real run
+        points.append(extra)
+        if not recorded_score(extra):
+            return None, False, points
     best = choose(points, scores)
-    return (None if best is None else points[best]), True
+    return (None if best is None else points[best]), True, points
 
 
 def refused_rows(out: Path) -> dict:
@@ -284,8 +332,8 @@ def format_plan(protocol: Protocol, settings: Settings, command: str) -> str:
             counts["skipped"] = counts.get("skipped", 0) + 1
             lines.append(f"- skip   {v.name}: {v.rule} {dict(v.options) or ''} [skipped: {reason}]")
             continue
-        chosen, decided = planned_choice(protocol, v, settings, row)
-        runs = [(p, s, True) for p in search_points(v) for s in range(protocol.search_seeds)]
+        chosen, decided, searched = planned_choice(protocol, v, settings, row)
+        runs = [(p, s, True) for p in searched for s in range(protocol.search_seeds)]
         runs += [(chosen, k, False) for k in range(settings.seeds)]
         for point, seed, search in runs:
             kind = "search" if search else "final"
@@ -458,7 +506,8 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
             continue
         points = search_points(v)
         scores = []
-        for point in points:
+
+        def evaluate(point: dict) -> None:
             per_seed = []
             recorded = reused_search(old, point, protocol.search_seeds)
             if recorded is not None:
@@ -466,13 +515,24 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
                 _note(say, {"kind": "search", "variant": v.name, "point": point, "seed": "all"}, {"reused": True},
                       "val " + ", ".join("diverged" if x is None else f"{x:.4f}" for x in recorded))
                 bar.update(protocol.search_seeds)
-            for r in (r for r in mine if r["kind"] == "search" and r["point"] == point and recorded is None):
+            for seed in range(protocol.search_seeds if recorded is None else 0):
+                r = {"kind": "search", "variant": v.name, "point": point, "seed": seed,
+                     "config": run_config(protocol, v, point, seed, True, settings)}
                 res = run_one(r["config"], progress, say)
                 per_seed.append(None if "diverged" in res else score(res["history"], protocol.select))
                 _note(say, r, res, f"val {per_seed[-1]:.4f}" if per_seed[-1] is not None else "diverged")
                 bar.update(1)
             scores.append(None if any(s is None for s in per_seed) else statistics.fmean(per_seed))
             row["search"].append({"point": point, "val_acc": per_seed, "score": scores[-1]})
+
+        for point in list(points):
+            evaluate(point)
+        while points and (extra := _valid_extension(protocol, v, points, scores, settings)) is not None:
+            if say:
+                say(f"search {v.name}: the choice lies on the grid's edge; extending it to {point_name(extra)}")
+            bar.total += protocol.search_seeds
+            points.append(extra)
+            evaluate(extra)
         best = choose(points, scores) if points else None
         row["chosen"] = points[best] if best is not None else None if points else v.grid()[0]
         if row["chosen"] is None:
