@@ -442,3 +442,22 @@ def test_every_demo_rule_trains_well_above_chance(tmp_path):
     assert len(rows) >= 10 and not low, low
     table = (tmp_path / "comparison.md").read_text()
     assert "| mac | mu_max=10 |" in table
+
+
+def test_full_disk_while_the_benchmark_writes_its_table(tmp_path, monkeypatch):
+    """A full disk when the benchmark writes results.md: one line naming it; the finished runs and the previous
+    table stay, and the rerun (disk freed) skips every finished run and writes the table."""
+    spec = {"name": "disk", "summary": "full disk", "data": "digits", "arch": "64-16-10", "val_size": 300,
+            "train": {"epochs": 1, "batch_size": 50, "optimizer": "sgd", "lr": 0.3, "limit_train": 200},
+            "variants": [{"name": "bp", "rule": "backprop"}]}
+    path, out = tmp_path / "disk.json", tmp_path / "bench"
+    path.write_text(json.dumps(spec))
+    args = ["benchmark", path, "--budget", "full", "--seeds", "2", "--out", out, "--quiet"]
+    fill_disk(monkeypatch, "results.md", after=1)   # the table after seed 0 is written, the one after seed 1 is not
+    rc, _, err = cli(args)
+    one_line_error(rc, err, f"Cannot write {out / 'results.md'}", "the disk is full")
+    assert "Partial" in (out / "results.md").read_text() and (out / "final" / "bp" / "seed1" / "metrics.jsonl").exists()
+    monkeypatch.undo()
+    rc, stdout, err = cli(args)
+    assert rc == 0, err
+    assert stdout.count("finished earlier, skipped") == 2 and "Partial" not in (out / "results.md").read_text()
