@@ -64,6 +64,10 @@ def add_training_options(p: argparse.ArgumentParser, defaults: TrainConfig = Tra
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_threads_option(p)
     add_compile_option(p)
+    p.add_argument("--check-equilibrium", action="store_true",
+                   help="after every epoch, measure on 32 training images how far the rule's gradient is from the one "
+                        "at its inference's equilibrium (equilibrium_gap in metrics.jsonl; warns once above 10%%): PC, "
+                        "MAC, LPOM, lifted-fenchel; one 3000-step solve per epoch")
     p.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="log scalars, weight histograms and first-layer filters to DIR (tensorboard --logdir DIR)")
 
@@ -198,6 +202,7 @@ def config_from_args(args, **overrides) -> TrainConfig:
                        limit_train=args.limit_train, val_size=args.val_size, allow_unverified=args.allow_unverified,
                        tensorboard=args.tensorboard, threads=torch.get_num_threads(),
                        dist_timeout=getattr(args, "dist_timeout", 120.0), compile=getattr(args, "compile", "auto"),
+                       check_equilibrium=getattr(args, "check_equilibrium", False),
                        **overrides)
     check_tensorboard(config.tensorboard)   # after the config's own checks: nothing is written for a bad run
     return config

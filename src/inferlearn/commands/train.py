@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from ..rules import RULES
+from ..rules import RULES, make_rule
 from ..training.compare import parse_rule_options
 from ..training.config import TrainConfig
 from ..training.loop import load_config, train
@@ -15,7 +15,8 @@ from .common import (add_parallel_options, add_training_options, check_device, c
                      explicit_options, remember_defaults, run_parallel, set_threads)
 
 # what may accompany --resume: the run's length, where it runs, and how much it prints
-RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads", "compile", "nproc", "dist_timeout"}
+RESUME_OPTIONS = {"epochs", "device", "quiet", "resume", "tensorboard", "threads", "compile", "nproc", "dist_timeout",
+                  "check_equilibrium"}
 
 
 def register(sub) -> None:
@@ -53,6 +54,8 @@ def run(args) -> int:
             config = config.replace(tensorboard=args.tensorboard)
         if "compile" in explicit_options(args):
             config = config.replace(compile=args.compile)
+        if args.check_equilibrium:
+            config = config.replace(check_equilibrium=True)
         config = config.replace(threads=torch.get_num_threads())
         check_device(config.device)
         config = config.replace(out=args.resume, dist_timeout=args.dist_timeout)
@@ -66,6 +69,11 @@ def run(args) -> int:
         options = parse_rule_options([f"{args.rule}.{o}" for o in args.rule_opt]).get(args.rule, {})
         config = config_from_args(args, rule=args.rule, rule_options=options)
         resume = False
+    if config.check_equilibrium and make_rule(config.rule, config.rule_options).equilibrium_options() is None:
+        raise ValueError(f"--check-equilibrium with --rule {config.rule}: its gradient stands for no inference equilibrium "
+                         "(back-propagation's is exact; the lifted and contrastive rules solve to a tolerance; ePC's "
+                         "defaults stand for back-propagation's direction); drop --check-equilibrium, or use pc, mac, "
+                         "lpom or lifted-fenchel")
     if args.nproc > 1:
         # the launcher locks the folder for the whole run (its processes work under its lock)
         with RunFolder(config.out) as folder:

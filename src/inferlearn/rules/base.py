@@ -137,6 +137,15 @@ class Rule(abc.ABC):
             return self._backward(model, x, labels, index=check_index(index, x.shape[0]))
         return self._backward(model, x, labels)
 
+    def equilibrium_options(self) -> dict | None:
+        """The options that run this rule's inference to the equilibrium its gradient stands for (``None``: the
+        gradient is already its own, e.g. back-propagation's, or a phase solved to a tolerance).
+
+        :func:`inferlearn.diagnostics.equilibrium_gap` compares the gradient at the rule's settings with the one
+        of ``dataclasses.replace(rule, **equilibrium_options())``.
+        """
+        return None
+
     def begin_epoch(self, epoch: int, n_samples: int) -> None:
         """Called by the training loop before epoch ``epoch`` (1-based) over ``n_samples`` training
         samples; a no-op for rules without per-sample state."""

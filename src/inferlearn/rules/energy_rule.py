@@ -179,9 +179,10 @@ class LiftedEnergyRule(Rule):
         what = (f"gamma^(L-1) = {self.gamma:.3g}^{depth - 1}" if beta is None
                 else f"beta * gamma^(L-1) = {beta:.3g} * {self.gamma:.3g}^{depth - 1}")
         fix = ("phases='differential' on a dense chain, " if self.phases == "direct" else "")
+        tail = ", fewer layers, or float64 (--dtype float64)" if dtype != torch.float64 else " or fewer layers"
         warnings.warn(f"{what} = {signal:.2g} is below {PRECISION_FLOOR_EPS} {str(dtype).replace('torch.', '')} "
                       f"epsilons ({PRECISION_FLOOR_EPS * eps:.1e}): the first layers' gradients are dominated by "
-                      f"round-off; use {fix}a larger gamma (or beta), fewer layers, or float64 (--dtype float64)",
+                      f"round-off; use {fix}a larger gamma (or beta){tail}",
                       PrecisionWarning, stacklevel=4)
 
     def difference_steps(self, energy, x: torch.Tensor, target=None, nudge=None, b: float = 0.0) -> list[float]:

@@ -30,7 +30,7 @@ from torch import nn
 from ..engine.chain import AFFINE, Chain, model_chain
 from ..engine.dense import check_gamma
 from ..engine.layered import LayeredEnergy, LayeredProblem
-from ..engine.solvers import BlockProjectedGradient
+from ..engine.solvers import EQUILIBRIUM_STEPS, BlockProjectedGradient
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
 
@@ -69,6 +69,10 @@ class LiftedFenchel(Rule):
             check_positive("tol", self.tol)
         self._solver = BlockProjectedGradient(max_iter=max(self.steps, 1), tol=self.tol, check_every=1,
                                               on_fail="warn", relaxation=self.step_size, safe_steps=True)
+
+    def equilibrium_options(self) -> dict:
+        """:data:`~inferlearn.engine.solvers.EQUILIBRIUM_STEPS` steps of the recursion, no early stop."""
+        return {"steps": max(self.steps, EQUILIBRIUM_STEPS), "tol": None}
 
     def energy(self, chain: Chain) -> LayeredEnergy:
         """The Fenchel–Young-gap energy of a chain, term weights ``γ^{k-1}``."""

@@ -53,7 +53,7 @@ from torch import nn
 
 from ..engine.chain import AFFINE, Chain, model_chain
 from ..engine.layered import LayeredEnergy, LayeredProblem, operator_norm_sq
-from ..engine.solvers import SolveInfo, finish, fixed_steps_verdict, residual_floor, warn_far
+from ..engine.solvers import EQUILIBRIUM_SWEEPS, SolveInfo, finish, fixed_steps_verdict, residual_floor, warn_far
 from ..losses import one_hot, quadratic_loss
 from ..units import UnitSet
 from .base import Rule, StepInfo, check_positive, register_rule
@@ -123,6 +123,10 @@ class LPOM(Rule):
                 raise ValueError(f"Invalid {key}: {v}")
         if self.tol is not None:
             check_positive("tol", self.tol)
+
+    def equilibrium_options(self) -> dict:
+        """:data:`~inferlearn.engine.solvers.EQUILIBRIUM_SWEEPS` block sweeps, no early stop."""
+        return {"sweeps": max(self.sweeps, EQUILIBRIUM_SWEEPS), "tol": None}
 
     def energy(self, chain: Chain) -> LayeredEnergy:
         """``μ Σ_k h_k``: the engine's Fenchel–Young-gap terms (``h_k`` for box units), every weight ``μ``."""

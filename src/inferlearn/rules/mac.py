@@ -48,7 +48,7 @@ from torch import nn
 
 from ..engine.chain import DIFFERENTIABLE, model_chain
 from ..engine.layered import LayeredProblem
-from ..engine.solvers import GradientSteps
+from ..engine.solvers import EQUILIBRIUM_STEPS, GradientSteps
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
 from .predictive_coding import check_inference_finite, penalty_energy
@@ -140,6 +140,11 @@ class MAC(Rule):
             return float(self.mu0)
         log_mu = math.log(self.mu0) + (epoch - 1) * math.log(self.mu_growth)
         return float(min(math.exp(min(log_mu, 700.0)), self.mu_max))
+
+    def equilibrium_options(self) -> dict:
+        """The Z-step run :data:`~inferlearn.engine.solvers.EQUILIBRIUM_STEPS` steps from the forward pass
+        (``warm_start=False``), no early stop."""
+        return {"steps": max(self.steps, EQUILIBRIUM_STEPS), "warm_start": False, "tol": None}
 
     def begin_epoch(self, epoch: int, n_samples: int) -> None:
         """Set ``μ`` for ``epoch`` (1-based); a training set of another size drops the stored coordinates."""

@@ -40,7 +40,7 @@ from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
 from ..engine.fused import DensePlan, accumulate_dense_grads, dense_predictive_coding, pc_batch_stats, pc_constants
 from ..engine.layered import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
 from ..engine.phases import NUDGINGS, check_beta, nudged_phases
-from ..engine.solvers import GradientSteps, OptimizerSteps, residual_floor
+from ..engine.solvers import EQUILIBRIUM_STEPS, GradientSteps, OptimizerSteps, residual_floor
 from ..errors import NonFiniteError
 from ..losses import one_hot, quadratic_loss
 from ..models import all_finite
@@ -212,6 +212,13 @@ class PredictiveCoding(Rule):
                                  f"comma-separated numbers, e.g. 0.9,-0.9)")
         self._epoch_beta = betas[0]
         return betas
+
+    def equilibrium_options(self) -> dict | None:
+        """:data:`~inferlearn.engine.solvers.EQUILIBRIUM_STEPS` steps of the same updates, no early stop (``None``
+        for incremental PC: its gradient is a sum along the trajectory, not an equilibrium's)."""
+        if self.weight_step is not None:
+            return None
+        return {"steps": max(self.steps, EQUILIBRIUM_STEPS), "tol": None}
 
     def begin_epoch(self, epoch: int, n_samples: int) -> None:
         """``nudging="target"``: take the epoch's β from ``beta_schedule`` (1-based ``epoch``; the last value repeats)."""

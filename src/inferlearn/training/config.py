@@ -94,6 +94,12 @@ class TrainConfig:
             least 10,000 mini-batches, as compiling costs seconds and single steps gain nothing),
             ``on`` (CUDA graphs on CUDA), ``no-cudagraphs`` or ``off``. A speed setting, not one of the maths:
             a resumed run may change it.
+        check_equilibrium: after every epoch, measure how far the rule's weight gradient is from the one at
+            its inference's equilibrium (:func:`inferlearn.diagnostics.equilibrium_gap` on the first
+            :data:`~inferlearn.training.loop.EQUILIBRIUM_SAMPLES` training images; ``equilibrium_gap`` in the
+            metrics line) and warn once per run above 10 % (``--check-equilibrium``; PC, MAC, LPOM and lifted
+            Fenchel, whose inference runs a fixed number of steps). Costs one solve of 3000 steps per epoch; a
+            diagnostic, not a setting of the maths: a resumed run may change it.
         divergence_factor: stop when a mini-batch loss exceeds this multiple of the run's first
             mini-batch loss (a bounded-unit network can blow up its output weights to 1e16 without
             ever producing a NaN).
@@ -129,6 +135,7 @@ class TrainConfig:
     compile: str = "auto"
     standardize: str = "auto"
     augment: str = "none"
+    check_equilibrium: bool = False
 
     def __post_init__(self) -> None:
         from ..rules import RULES
@@ -171,6 +178,8 @@ class TrainConfig:
         if self.limit_train is not None and self.limit_train < 1:
             raise ValueError(f"Invalid limit_train: {self.limit_train}")
         check_compile_mode(self.compile)
+        if not isinstance(self.check_equilibrium, bool):
+            raise ValueError(f"Invalid check_equilibrium: {self.check_equilibrium!r} (true or false)")
         if isinstance(self.val_size, bool) or not isinstance(self.val_size, int) or self.val_size < 0:
             raise ValueError(f"Invalid val_size: {self.val_size} (must be an integer ≥ 0)")
         if self.dtype not in DTYPES:

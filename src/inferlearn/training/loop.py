@@ -38,11 +38,11 @@ from tqdm.auto import tqdm
 from .config import TrainConfig
 from ..data import Dataset, load_dataset
 from ..data.transforms import CropFlip, channel_stats, standardize
-from ..diagnostics import active_counts, correct_count
+from ..diagnostics import active_counts, correct_count, equilibrium_gap
 from ..distributed import Group, join
 from ..engine.compiled import (CompileWarning, compile_decisions, compile_failed, compile_seconds, compiled_calls,
                                compiling, measured_choices, planned_batches, replay_choices)
-from ..errors import DivergenceError, InferlearnError, NonFiniteError, RunFolderError
+from ..errors import ConvergenceWarning, DivergenceError, InferlearnError, NonFiniteError, RunFolderError
 from ..losses import check_labels, one_hot, quadratic_loss
 from ..models import all_finite, build_model
 from .fused_step import FusedTrainStep
@@ -70,6 +70,7 @@ class Setup:
     val_y: torch.Tensor | None = None
     augment: CropFlip | None = None   # ``TrainConfig.augment="crop-flip"``: the per-mini-batch crop and flip
     input_stats: tuple | None = None  # ``(mean, std)`` per channel of the standardisation, or None
+    gap_warned: bool = False   # ``--check-equilibrium`` warned (once per run)
 
 
 #: the augmentation generator's seed is ``seed · 100003 + AUGMENT_STREAM``, apart from every epoch's batch order
@@ -416,6 +417,9 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
         log(f"note: sq-loss is the squared error ½‖y − output‖² that every run reports; {config.rule} with output=ce "
             "trains the cross-entropy of softmax(output), so its outputs are logits and sq-loss grows with them: "
             "read the accuracies")
+    if log and config.check_equilibrium and s.rule.equilibrium_options() is None:
+        log(f"note: --check-equilibrium measures nothing for {config.rule}: its gradient is not an approximation of an "
+            "inference equilibrium's (see inferlearn.diagnostics.equilibrium_gap)")
     # auto's choices belong to the whole run: its length (not what is left of it), and on --resume the measured ones
     replay_choices(ckpt.get("compile_choices", {}) if ckpt is not None else {})
     planned = config.epochs * (s.train_x.shape[0] // config.batch_size)   # full batches of the run
@@ -429,6 +433,8 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
         seconds = time.perf_counter() - t0
         record = epoch_metrics(s, epoch, batch_loss, seconds)
         record["compile_seconds"] = compile_seconds() - c0   # included in epoch_seconds
+        if config.check_equilibrium and main:
+            record["equilibrium_gap"] = check_equilibrium(s, config, epoch)
         history.append(record)
         due = epoch % config.checkpoint_every == 0 or epoch == config.epochs
         if main:
@@ -439,14 +445,37 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
             compiled = f" (compile {record['compile_seconds']:.1f}s)" if record["compile_seconds"] else ""
             compiled += "".join(f"\n  auto: {d}" for d in compile_decisions()[d0:])   # what --compile auto measured
             val = f"val {record['val_acc']:.4f}  " if "val_acc" in record else ""
+            gap = f"  gap {record['equilibrium_gap']:.3f}" if record.get("equilibrium_gap") is not None else ""
             log(f"epoch {epoch:3d}  sq-loss {record['train_loss']:.4f}  train {record['train_acc']:.4f}  {val}"
-                f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}  {seconds:.1f}s{compiled}")
+                f"test {record['test_acc']:.4f}  active {record['active_fraction']:.3f}{gap}  {seconds:.1f}s{compiled}")
     if board is not None:
         board.close()
     if main:
         folder.plot(history, config.rule, title=f"{config.data} {config.arch} {config.act}")
     group.barrier()   # no rank leaves (and tears the group down) before rank 0 has written everything
     return history
+
+
+#: the training images on which ``--check-equilibrium`` measures the gap, and the gap above which it warns
+EQUILIBRIUM_SAMPLES = 32
+EQUILIBRIUM_GAP_WARN = 0.1
+
+
+def check_equilibrium(s: Setup, config: TrainConfig, epoch: int) -> float | None:
+    """``--check-equilibrium``: :func:`~inferlearn.diagnostics.equilibrium_gap` at the weights after ``epoch`` on the
+    first :data:`EQUILIBRIUM_SAMPLES` training images (as trained: standardised, not augmented); warns once per
+    run (:class:`~inferlearn.errors.ConvergenceWarning`) above :data:`EQUILIBRIUM_GAP_WARN`. ``None`` for a rule
+    without an equilibrium to compare with. The model, the rule and every random stream are left as they were."""
+    x, y = s.train_x[:EQUILIBRIUM_SAMPLES], s.train_y[:EQUILIBRIUM_SAMPLES]
+    gap = equilibrium_gap(s.rule, s.model, x, y, epoch=epoch, n_samples=s.train_x.shape[0])
+    if gap is not None and gap > EQUILIBRIUM_GAP_WARN and not s.gap_warned:
+        s.gap_warned = True
+        settled = ", ".join(f"{k}={v}" for k, v in s.rule.equilibrium_options().items())
+        warnings.warn(f"{config.rule}: after epoch {epoch} the weight gradient is {100 * gap:.0f} % from the one at its "
+                      f"inference's equilibrium (on {x.shape[0]} training images, float64, against {settled}): it is "
+                      f"not the equilibrium's; more or larger inference steps bring it closer (warned once per run; "
+                      f"every epoch's gap is equilibrium_gap in metrics.jsonl)", ConvergenceWarning, stacklevel=2)
+    return gap
 
 
 def _warn_uncompiled(config: TrainConfig, calls: int) -> None:
@@ -481,7 +510,8 @@ def _check_same_run(out: Path, config: TrainConfig) -> None:
     saved = load_config(out).to_dict()
     current = config.to_dict()
     diff = sorted(k for k in current
-                  if k not in ("epochs", "out", "device", "tensorboard", "threads", "compile", "nproc", "dist_timeout")
+                  if k not in ("epochs", "out", "device", "tensorboard", "threads", "compile", "nproc", "dist_timeout",
+                               "check_equilibrium")
                   and saved.get(k, TrainConfig().to_dict().get(k)) != current[k])
     if diff:
         raise RunFolderError(f"{out} holds a run with different settings ({', '.join(diff)}); "
