@@ -1,4 +1,5 @@
 """Block-ADMM against exact oracles: closed-form least squares, plain training, float64 autograd."""
+import dataclasses
 import copy
 import math
 
@@ -129,7 +130,7 @@ def test_adaptive_penalty_keeps_unscaled_dual():
     tr.epoch()
     assert tr.beta == [9.0]
     torch.testing.assert_close(tr.U[0], torch.full_like(tr.U[0], 0.2))
-    tr.cfg.eta0 = 1e12
+    tr.cfg = dataclasses.replace(tr.cfg, eta0=1e12)
     r = tr._constraint_residual(1, slice(None)).detach()
     before = tr.U[0].clone()
     tr._dual_update()

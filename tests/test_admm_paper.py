@@ -1,5 +1,6 @@
 """The paper's literal block-ADMM (``formulation="paper"``: a ``Z_T`` on the output) against oracles:
 closed-form and slow-solver ``Z_T`` steps, a hand-written reverse sweep, Proposition 1's schedule."""
+import dataclasses
 import math
 
 import numpy as np
@@ -48,7 +49,7 @@ def test_z_T_step_is_the_closed_form_for_squared_losses(loss):
     solve, a sign error in U_T or a wrong β."""
     tr, X, y, (f1, f2) = _two_blocks(loss="quadratic")
     if loss == "mse":
-        tr.cfg.loss = "mse"
+        tr.cfg = dataclasses.replace(tr.cfg, loss="mse")
         tr.Y = torch.randn(12, 3, dtype=torch.float64)
     beta = tr.beta[1]
     with torch.no_grad():
@@ -175,7 +176,7 @@ def test_proposition_schedule_matches_formula(p0, d):
     """p_k = ⌈p_0 d^{−2k}⌉ (ε_k = ε_0 d^k and O(ε^{-2}) stochastic-gradient iterations), and an epoch runs p_k
     primal passes. Guards against an off-by-one in k, a linear schedule, or round-off in the ceiling."""
     tr, X, y, _ = _two_blocks()
-    tr.cfg.primal_schedule, tr.cfg.primal_steps, tr.cfg.eta_decay = "proposition", p0, d
+    tr.cfg = dataclasses.replace(tr.cfg, primal_schedule="proposition", primal_steps=p0, eta_decay=d)
     for k in range(12):
         want = p0 if d == 1.0 else math.ceil(round(p0 * d ** (-2 * k), 9))
         assert tr.primal_steps_at(k) == want

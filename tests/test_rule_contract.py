@@ -178,3 +178,21 @@ def test_lr_scheduler_drives_the_learning_rate():
         seen.append(s.optimizer.param_groups[0]["lr"])
         run_epoch(s, cfg, epoch, progress=False)
     assert seen == pytest.approx([0.005] * 5 + [0.015] * 2)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_a_rules_options_cannot_be_set_after_it_is_built(name):
+    """Guards against ``rule.tol = 1e-8`` silently ignored (the solver was built from the old value): every
+    registered rule refuses it by name, and ``dataclasses.replace`` builds the changed rule."""
+    import dataclasses
+
+    rule = make_rule(name, {})
+    fields = dataclasses.fields(rule)
+    assert fields
+    for f in fields:
+        with pytest.raises(dataclasses.FrozenInstanceError, match=f"{type(rule).__name__}.{f.name}"):
+            setattr(rule, f.name, getattr(rule, f.name))
+    if any(f.name == "tol" for f in fields):
+        changed = dataclasses.replace(rule, tol=1e-8)
+        solver = getattr(changed, "_solver", None)
+        assert changed.tol == 1e-8 and (solver is None or getattr(solver, "tol", 1e-8) == 1e-8)

@@ -109,7 +109,7 @@ def _per_list(value, n: int, name: str) -> list[float]:
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class ADMMConfig:
     """Hyper-parameters of :class:`BlockADMM` (validated on construction).
 

@@ -137,6 +137,17 @@ class Rule(abc.ABC):
             return self._backward(model, x, labels, index=check_index(index, x.shape[0]))
         return self._backward(model, x, labels)
 
+    def __setattr__(self, name: str, value) -> None:
+        """A registered rule's options are sealed once it is built: its solvers, checks and caches were derived from
+        them, so a later ``rule.tol = 1e-8`` would be silently ignored; it raises instead
+        (:class:`dataclasses.FrozenInstanceError`). ``dataclasses.replace(rule, tol=1e-8)`` builds the changed rule.
+        Private state (per-sample coordinates, the epoch's μ or β, warned-once flags) stays mutable."""
+        if self.__dict__.get("_sealed") and name in getattr(type(self), "__dataclass_fields__", {}):
+            raise dataclasses.FrozenInstanceError(
+                f"cannot set {type(self).__name__}.{name}: a rule's options are fixed when it is built (its solver "
+                f"was made from them); use dataclasses.replace(rule, {name}={value!r})")
+        object.__setattr__(self, name, value)
+
     def equilibrium_options(self) -> dict | None:
         """The options that run this rule's inference to the equilibrium its gradient stands for (``None``: the
         gradient is already its own, e.g. back-propagation's, or a phase solved to a tolerance).
@@ -195,6 +206,15 @@ def register_rule(cls: type[Rule]) -> type[Rule]:
     if cls.name in RULES and RULES[cls.name] is not cls:
         raise TypeError(f"Rule name {cls.name!r} already used by {RULES[cls.name].__name__}")
     RULES[cls.name] = cls
+    build = cls.__init__
+    if not getattr(build, "_seals", False):
+        def __init__(self, *args, **kwargs):
+            build(self, *args, **kwargs)
+            object.__setattr__(self, "_sealed", True)   # after the most derived __post_init__
+
+        __init__._seals = True
+        __init__.__doc__, __init__.__wrapped__ = build.__doc__, build
+        cls.__init__ = __init__
     return cls
 
 
