@@ -565,7 +565,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                "exact rates, decay and schedule are ours (searched or fixed here), not PCX's. Colour CIFAR-10 read with "
                "--allow-unverified is the lossy JPEG-derived development copy (the data line says which copy ran). "
                "MAC runs with warm_start=false: its per-image coordinates would be 237,568 floats per image at full "
-               "width (48 GB for 50,000 images in float32, in memory and in every checkpoint; 3.0 GB at the CPU budget's width 1/16).")),
+               "width (48 GB for 50,000 images in float32, in memory and in every checkpoint; 5.9 GB at --budget cpu's width 1/8, 3.0 GB at --budget smoke's 1/16).")),
     Protocol(
         name="vgg7-cifar10", summary="PCX's VGG-7 on colour CIFAR-10: our searched BP/PC/ePC rows beside PCX's VGG-7 "
         "recipes (--budget cpu: width ×1/8, 5 epochs)",
