@@ -5,6 +5,7 @@ import io
 import math
 import os
 
+import numpy as np
 import matplotlib
 
 matplotlib.use("Agg")
@@ -62,23 +63,31 @@ def tile(filters: torch.Tensor) -> torch.Tensor:
 
 
 def plot_benchmark(results: dict, path: str | os.PathLike) -> None:
-    """Bar chart of a benchmark (:mod:`inferlearn.benchmark.runner`): test accuracy per variant (mean over the seeds,
-    the std as error bars), the published numbers as markers, the budget in the title; atomically."""
+    """Horizontal bars of a benchmark (:mod:`inferlearn.benchmark.runner`): test accuracy per variant (mean over the
+    seeds, the std as error bars), labelled by the variant's name (the table's first column says what it is), PCX run
+    at the same budget (``results["peer"]``, mean ± std) and the published numbers as markers, the budget in the
+    title; atomically."""
     rows = [r for r in results["variants"] if r.get("test_acc_mean") is not None]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(rows) + 2), 4.2))
-    xs = list(range(len(rows)))
-    ax.bar(xs, [100 * r["test_acc_mean"] for r in rows], yerr=[100 * r["test_acc_std"] for r in rows], capsize=4,
-           color="tab:blue", alpha=0.8, label="ours (mean ± std over seeds)")
-    refs = [(x, r["reference"]["test_acc"]) for x, r in zip(xs, rows) if r.get("reference")]
+    peer = results.get("peer") or {}
+    fig, ax = plt.subplots(figsize=(7.0, max(2.5, 0.45 * len(rows) + 1.4)))
+    ys = list(range(len(rows)))[::-1]
+    ax.barh(ys, [100 * r["test_acc_mean"] for r in rows], xerr=[100 * r["test_acc_std"] for r in rows], capsize=3,
+            color="tab:blue", alpha=0.8, label="ours (mean ± std over seeds)")
+    runs = [(y, peer[r["variant"]]["test_acc"]) for y, r in zip(ys, rows) if peer.get(r["variant"], {}).get("test_acc")]
+    if runs:
+        means = [100 * float(np.mean(a)) for _, a in runs]
+        ax.errorbar(means, [y for y, _ in runs], xerr=[100 * float(np.std(a)) for _, a in runs], fmt="o",
+                    color="tab:orange", capsize=3, zorder=3, label="PCX, this budget (mean ± std)")
+    refs = [(r["reference"]["test_acc"], y) for y, r in zip(ys, rows) if r.get("reference")]
     if refs:
-        ax.scatter(*zip(*refs), marker="D", color="tab:red", zorder=3, label="PCX (published)")
-    ax.set_xticks(xs, [r["label"] for r in rows], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("test accuracy (%)")
+        ax.scatter(*zip(*refs), marker="D", color="tab:red", zorder=3, label="PCX (published, full budget)")
+    ax.set_yticks(ys, [r["variant"] for r in rows], fontsize=8)
+    ax.set_xlabel("test accuracy (%)")
     if rows:
-        lo = min([100 * (r["test_acc_mean"] - r["test_acc_std"]) for r in rows] + [v for _, v in refs])
-        ax.set_ylim(max(0.0, lo - 5), 100)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+        lo = min([100 * (r["test_acc_mean"] - r["test_acc_std"]) for r in rows] + [v for v, _ in refs])
+        ax.set_xlim(max(0.0, lo - 5), 100)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
     ax.set_title(f"{results['protocol']} — budget {results['budget']}", fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)

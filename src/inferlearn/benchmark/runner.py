@@ -726,7 +726,7 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
         opts = r["rule"] + (" " + ", ".join(f"{k}={_short(v)}" for k, v in r["options"].items()) if r["options"] else "")
         ref = "—" if r["reference"] is None else f"{r['reference']['test_acc']:.2f}"
         if r["skipped"] and not r["finals"]:
-            lines.append(f"| {r['label']} | {opts} | skipped | — | — | — | — | — | — | {ref} |")
+            lines.append(f"| {_name_cell(r)} | {opts} | skipped | — | — | — | — | — | — | {ref} |")
             continue
         chosen = point_name(r["chosen"]) if r["search"] else f"{point_name(r['chosen'])} (not searched)"
         best = max((s["score"] for s in r["search"] if s["score"] is not None), default=None)
@@ -737,7 +737,7 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
         ratio = "—" if r["time_ratio"] is None else f"{r['time_ratio']:.2f}×"
         pcx = r.get("pcx_protocol")
         pcx = "—" if not pcx else f"{_pct(pcx['mean'])} ({pcx['kept']} of {pcx['of']})"
-        lines.append(f"| {r['label']} | {opts} | {chosen} | {_pct(best)} | {acc} | {pcx} | {t} | {ratio} | "
+        lines.append(f"| {_name_cell(r)} | {opts} | {chosen} | {_pct(best)} | {acc} | {pcx} | {t} | {ratio} | "
                      f"{format_peer(peer.get(r['variant']))} | {ref} |")
     lines += ["", "Test accuracy: the last epoch of each final run; ± is numpy's standard deviation over the seeds "
               "(ddof = 0). PCX's protocol (how PCX reports, Pinchetti et al. 2024): each seed's best test accuracy over "
@@ -758,6 +758,11 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
     if results["notes"]:
         lines += [f"Notes: {results['notes']}", ""]
     return "\n".join(lines)
+
+
+def _name_cell(row: dict) -> str:
+    """A table row's first cell: the variant's label and its name (``--variants``, the plot's axis)."""
+    return row["label"] if row["label"] == row["variant"] else f"{row['label']} (`{row['variant']}`)"
 
 
 def _plot(results: dict, path: Path) -> None:
