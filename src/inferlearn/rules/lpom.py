@@ -102,6 +102,9 @@ class LPOM(Rule):
     (:data:`~inferlearn.engine.solvers.CONVERGED_RTOL`), which LPOM's default 10 sweeps do not reach (0.05-0.10
     on MNIST MLPs, a weight gradient 1-11 % from the fixed point's); above :data:`FAR_RTOL` (0.2) one
     :class:`~inferlearn.errors.ConvergenceWarning` per run says inference is far from its fixed point.
+    How far the gradient is from the equilibrium's is not in ``StepInfo`` (it needs the equilibrium): measure
+    it with :func:`inferlearn.diagnostics.equilibrium_gap`, or ``inferlearn train --check-equilibrium`` (after
+    every epoch, one warning per run above 10 %).
 
     References:
         Li et al. (2019), LPOM; Zach, bilevel paper, Table 1.

@@ -96,6 +96,9 @@ class MAC(Rule):
     and training collapses to chance (test 0.08 after 30 epochs); ``warm_start=false`` reaches 0.94
     (back-propagation 0.94), ``steps=100`` 0.94. Against back-propagation's gradient (the μ → ∞ limit) the
     W-step at μ = 1e4 from the forward pass is 14 % away after 30 steps and 2e-4 after 300.
+    How far the gradient is from the equilibrium's is not in ``StepInfo`` (it needs the equilibrium): measure
+    it with :func:`inferlearn.diagnostics.equilibrium_gap`, or ``inferlearn train --check-equilibrium`` (after
+    every epoch, one warning per run above 10 %).
 
     References:
         Carreira-Perpiñán & Wang (2014); Zach, bilevel paper, Table 1.

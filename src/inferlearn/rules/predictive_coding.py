@@ -129,6 +129,9 @@ class PredictiveCoding(Rule):
     residual left than the forward pass had, or a layer whose remaining gradient exceeds twice its prediction
     error (the output error has not propagated down: too few or too small steps for the depth, e.g. ``T = 5``,
     ``η ≤ 0.02``, VGG-7, ResNet-20).
+    How far the gradient is from the equilibrium's is not in ``StepInfo`` (it needs the equilibrium): measure
+    it with :func:`inferlearn.diagnostics.equilibrium_gap`, or ``inferlearn train --check-equilibrium`` (after
+    every epoch, one warning per run above 10 %).
 
     References:
         Whittington & Bogacz (2017); Zach, bilevel paper, Table 1 (PCN row).
