@@ -69,16 +69,18 @@ def test_a_folder_is_locked_by_its_writer_until_closed(tmp_path):
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_second_run_or_resume_into_a_running_folder_is_refused(tmp_path, nproc):
+    """The first run is long enough (20,000 epochs, killed at the end) that it cannot finish before the second
+    command starts on a loaded machine (with 400 epochs it once did, and the resume then found the folder free)."""
     run = tmp_path / "run"
     extra = ["--nproc", "2"] if nproc > 1 else []
-    first = subprocess.Popen(CLI + TRAIN + ["--epochs", "400", "--out", str(run)] + extra, env=_env(),
+    first = subprocess.Popen(CLI + TRAIN + ["--epochs", "20000", "--out", str(run)] + extra, env=_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_epoch(run, first, time.time() + 180)
         # the holder is the command's own process: the one-process run, or the launcher of the --nproc run
         tries = [["train", "--resume", str(run), "--quiet"] + extra]
         if nproc == 1:
-            tries.append(TRAIN + ["--epochs", "400", "--out", str(run), "--overwrite"])
+            tries.append(TRAIN + ["--epochs", "20000", "--out", str(run), "--overwrite"])
         for args in tries:
             r = subprocess.run(CLI + args, env=_env(), capture_output=True, text=True, timeout=120)
             _refused(r, run, first.pid)
