@@ -433,8 +433,9 @@ def _train_in(folder: RunFolder, config: TrainConfig, group: Group, progress: bo
         seconds = time.perf_counter() - t0
         record = epoch_metrics(s, epoch, batch_loss, seconds)
         record["compile_seconds"] = compile_seconds() - c0   # included in epoch_seconds
-        if config.check_equilibrium and main:
-            record["equilibrium_gap"] = check_equilibrium(s, config, epoch)
+        gap = check_equilibrium(s, config, epoch) if config.check_equilibrium and main else None
+        if gap is not None:
+            record["equilibrium_gap"] = gap
         history.append(record)
         due = epoch % config.checkpoint_every == 0 or epoch == config.epochs
         if main:
