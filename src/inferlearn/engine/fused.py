@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import one_hot, quadratic_loss
+from ..tensors import accumulate_grad
 from ..units import UnitSet
 from .chain import Chain
 from .compiled import CompiledStep
@@ -34,13 +35,8 @@ def accumulate_dense_grads(chain: Chain, grads) -> None:
     for link, (gw, gb) in zip(chain.links, grads):
         layer = link.linear
         for p, g in ((layer.weight, gw), (layer.bias, gb)):
-            if p is None or not p.requires_grad:
-                continue
-            g = g.detach() if g.dtype == p.dtype else g.detach().to(p.dtype)
-            if p.grad is None:
-                p.grad = g
-            else:
-                p.grad.add_(g)
+            if p is not None:
+                accumulate_grad(p, g, owned=True)
 
 
 def dense_forward(chain: Chain, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..tensors import accumulate_grad
 from .chain import Chain, Link, is_affine
 from .compiled import CompiledStep
 
@@ -587,9 +588,9 @@ class LayeredProblem(BatchProblem):
                         a = link.map(zs[k - 1])
                         r = e.error(k, zs[k], a) * (-s)
                         r = r * coef.reshape(-1, 1) if torch.is_tensor(coef) else r * coef
-                        _accumulate(lin.weight, r.t().mm(zs[k - 1]))
+                        accumulate_grad(lin.weight, r.t().mm(zs[k - 1]), owned=True)
                         if lin.bias is not None:
-                            _accumulate(lin.bias, r.sum(0))
+                            accumulate_grad(lin.bias, r.sum(0), owned=True)
                     continue
                 if e.kind == "penalty" and (zs[k].dtype == torch.float64 or not precise):
                     p = link.act(link.pre(zs))
@@ -615,7 +616,7 @@ class LayeredProblem(BatchProblem):
                 part = s * ((t * c).sum() if torch.is_tensor(c) else c * t.sum())
                 params = [p for p, _ in leaves]
                 for p, g in zip(params, torch.autograd.grad(part, [q for _, q in leaves])):
-                    _accumulate(p, g.to(p.dtype))
+                    accumulate_grad(p, g, owned=True)
             if torch.is_tensor(total) and total.requires_grad:
                 total.backward()
             kept = [(p, d) for p, d in zip(preds, cotangents) if p.requires_grad]
@@ -676,15 +677,6 @@ GRAPH_AUTO_CPU_MIN_BATCHES = 500
 #: closed-form and whole-batch paths are faster), when compilation is active for it.
 PC_GRAPH_STEP = CompiledStep(_penalty_step, "the predictive-coding step of a graph",
                              auto_cpu_min_batches=GRAPH_AUTO_CPU_MIN_BATCHES, autograd=True, measure=True)
-
-
-def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
-    if not p.requires_grad:
-        return
-    if p.grad is None:
-        p.grad = g.to(p.dtype)
-    else:
-        p.grad.add_(g)
 
 
 def _pre_float64(link: Link, zs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:

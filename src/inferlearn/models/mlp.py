@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..units import Clamp, UnitSet, get_units
+from ..tensors import all_finite, has_only_finite  # noqa: F401  (re-exported: models.all_finite)
 
 
 def parse_arch(arch: str | Sequence[int]) -> list[int]:
@@ -33,22 +34,6 @@ def parse_arch(arch: str | Sequence[int]) -> list[int]:
 def format_arch(sizes: Sequence[int]) -> str:
     """Inverse of :func:`parse_arch`."""
     return "-".join(str(s) for s in sizes)
-
-
-def has_only_finite(x: torch.Tensor) -> bool:
-    """True when ``x`` has no NaN/inf (:func:`all_finite` of one tensor: a finite sum proves it, about 10× faster
-    than ``isfinite(x).all()`` on a mini-batch)."""
-    return all_finite([x])
-
-
-def all_finite(tensors) -> bool:
-    """True when no tensor of ``tensors`` (a list) holds NaN/inf, with one synchronisation: a finite total of the
-    tensors' sums proves it (NaN and inf propagate through sums); only a non-finite total (which a sum overflowing
-    the dtype also gives) needs the element-wise check."""
-    tensors = [t.detach() for t in tensors if t.numel()]
-    if not tensors or bool(torch.isfinite(torch.stack([t.sum() for t in tensors]).sum())):
-        return True
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 class MLP(nn.Module):

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..losses import check_labels
-from ..models import all_finite, has_only_finite
+from ..tensors import accumulate_grad, all_finite, has_only_finite  # noqa: F401  (accumulate_grad: public here)
 
 
 @dataclass
@@ -63,20 +63,6 @@ class StepInfo:
     loss: float
     output: torch.Tensor
     extras: dict = dataclasses.field(default_factory=dict)
-
-
-def accumulate_grad(param: nn.Parameter, grad: torch.Tensor, owned: bool = False) -> None:
-    """Add ``grad`` to ``param.grad`` (creating it), as autograd does.
-
-    Args:
-        owned: ``grad`` is a fresh tensor that nobody else holds, so it may become ``param.grad``
-            without a copy (hot paths).
-    """
-    grad = grad.detach().to(param.dtype)
-    if param.grad is None:
-        param.grad = grad if owned else grad.clone()
-    else:
-        param.grad.add_(grad)
 
 
 class Rule(abc.ABC):

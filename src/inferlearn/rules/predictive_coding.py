@@ -43,7 +43,7 @@ from ..engine.phases import NUDGINGS, check_beta, nudged_phases
 from ..engine.solvers import EQUILIBRIUM_STEPS, GradientSteps, OptimizerSteps, residual_floor
 from ..errors import NonFiniteError
 from ..losses import one_hot, quadratic_loss
-from ..models import all_finite
+from ..tensors import all_finite
 from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
 

@@ -44,7 +44,8 @@ from ..engine.compiled import (CompileWarning, compile_decisions, compile_failed
                                compiling, measured_choices, planned_batches, replay_choices)
 from ..errors import ConvergenceWarning, DivergenceError, InferlearnError, NonFiniteError, RunFolderError
 from ..losses import check_labels, one_hot, quadratic_loss
-from ..models import all_finite, build_model
+from ..models import build_model
+from ..tensors import all_finite
 from .fused_step import FusedTrainStep
 from ..rules import Rule, make_rule
 from .run_folder import RunFolder
