@@ -69,3 +69,33 @@ def test_readme_links_resolve():
     assert links, "the README links to no page"
     missing = [t for t in links if not (ROOT / t.split("#")[0]).exists()]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_every_inferlearn_name_the_docs_mention_resolves():
+    """Guards against docs naming modules that moved (``inferlearn.blocks``, ``inferlearn.solvers`` once did): every
+    dotted ``inferlearn.…`` name in the README and ``docs/`` imports, or is an attribute of what imports."""
+    import importlib
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+
+    def resolves(name):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                if not hasattr(obj, attr):
+                    return False
+                obj = getattr(obj, attr)
+            return True
+        return False
+
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    names = {(m.group(0), p.relative_to(root).as_posix()) for p in pages
+             for m in re.finditer(r"\binferlearn(?:\.[A-Za-z_][A-Za-z0-9_]*)+", p.read_text())}
+    assert len(names) > 50
+    stale = sorted((n, page) for n, page in names if not resolves(n))
+    assert not stale, stale
