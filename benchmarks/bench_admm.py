@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM, random_shift  # noqa: E402
+from inferlearn.admm import ADMMConfig, BlockADMM, random_shift  # noqa: E402
 from inferlearn.admm.blocks import conv_net, mlp, split_sequential  # noqa: E402
 from inferlearn.data import load_dataset  # noqa: E402
 

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from inferlearn.admm.blocks import mlp, split_sequential  # noqa: E402
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM  # noqa: E402
+from inferlearn.admm import ADMMConfig, BlockADMM  # noqa: E402
 from inferlearn.data import load_dataset  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"

@@ -155,7 +155,7 @@ def op_counts(x, y, batch: int = 50) -> dict:
 
 def lambda_timing(repeats: int = 300) -> dict:
     """Microseconds per call: the symmetric eigen-solve of the Gram matrix vs the squaring bound."""
-    from inferlearn.engine.layered import gram_norm_bound
+    from inferlearn.engine.problems import gram_norm_bound
     from inferlearn.models import MLP
 
     W = MLP(ARCH, ACT, seed=SEED).layers[1].weight.detach()

@@ -34,7 +34,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.admm.blocks import conv_net
 from inferlearn.data import load_dataset
 from inferlearn.experiments.morpho import ATTRIBUTES, binary_attributes, morpho_attributes

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from inferlearn import model_chain  # noqa: E402
+from inferlearn import read_graph  # noqa: E402
 from inferlearn.models import build_model  # noqa: E402
 from inferlearn.rules import make_rule  # noqa: E402
 
@@ -84,7 +84,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     batches = [(torch.rand(BATCH, n, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
                for _ in range(args.batches + 1)]
-    graph = model_chain(base, example=batches[0][0])
+    graph = read_graph(base, example=batches[0][0])
     runs: dict[str, list[float]] = {v[0]: [] for v in VARIANTS}
     sweeps: dict[str, float] = {}
     for r in range(args.repeats):

@@ -31,11 +31,11 @@ from epoch_timing import RESULTS, environment, time_rules  # noqa: E402
 
 from inferlearn.training.config import TrainConfig  # noqa: E402
 from inferlearn.diagnostics import rule_gradients  # noqa: E402
-from inferlearn.engine.dense import LiftedEnergy, contrastive_problem  # noqa: E402
+from inferlearn.engine.problems import LiftedEnergy, contrastive_problem  # noqa: E402
 from inferlearn.losses import one_hot, quadratic_loss  # noqa: E402
 from inferlearn.rules import register_rule  # noqa: E402
 from inferlearn.rules.base import StepInfo  # noqa: E402
-from inferlearn.engine.chain import model_chain  # noqa: E402
+from inferlearn.engine.graph import read_graph  # noqa: E402
 from inferlearn.engine.fused import accumulate_dense_grads  # noqa: E402
 from inferlearn.rules.contrastive import Contrastive  # noqa: E402
 from inferlearn.rules.energy_rule import info_extras  # noqa: E402
@@ -67,7 +67,7 @@ class _Separate(Contrastive):
             grads = g if grads is None else [(a + c, b + d) for (a, b), (c, d) in zip(grads, g)]
             if target is None:
                 output = p.forward_state()[1][L]
-        accumulate_dense_grads(model_chain(model), grads)
+        accumulate_dense_grads(read_graph(model), grads)
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output, extras=info_extras(info))
 
 

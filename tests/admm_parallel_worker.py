@@ -12,7 +12,7 @@ import torch
 
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.admm.parallel import BlockParallelADMM
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.distributed import join
 from oracle_helpers import finish_worker
 

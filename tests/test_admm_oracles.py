@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
 
 torch.set_num_threads(1)
 
@@ -156,7 +156,7 @@ def test_random_shift_moves_pixels_by_drawn_offsets():
     """The vectorised augmentation must equal a per-image crop of the zero-padded image at the
     drawn offsets (same generator draws), for flat and image-shaped input. Guards against swapped
     row/column offsets or a gather that mixes images."""
-    from inferlearn.admm.trainer import random_shift
+    from inferlearn.admm import random_shift
 
     x = torch.rand(6, 2, 5, 7)
     out = random_shift(2, (2, 5, 7))(x, torch.Generator().manual_seed(4))

@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
+from inferlearn.admm import online
+from inferlearn.admm.config import loss_prox
 
 torch.set_num_threads(1)
 
@@ -71,7 +73,7 @@ def test_z_T_step_solves_the_cross_entropy_subproblem(beta):
     with torch.no_grad():
         a = f2(tr.Z[0]) - tr.U[1]
         a[0] += 6.0  # a sample far from its label's optimum
-    got = tr._loss_prox(a, y)
+    got = loss_prox(tr.cfg.loss, a, y, tr.beta[tr.T - 1])
     for i in range(len(y)):
         ai, yi = a[i].numpy(), int(y[i])
 
@@ -203,7 +205,7 @@ def test_paper_beta_count_is_T():
 
 def test_online_gradient_is_the_gradient_a_training_step_takes():
     """``online_gradient`` (used to measure gradient variance) must fill the gradient that the online step
-    applies, without stepping: an SGD step of ``_online_batch`` from the same state equals ``θ − lr·grad``.
+    applies, without stepping: an SGD step of ``online_batch`` from the same state equals ``θ − lr·grad``.
     Guards against the variance benchmark measuring another gradient than training uses."""
     torch.manual_seed(0)
     x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
@@ -217,6 +219,6 @@ def test_online_gradient_is_the_gradient_a_training_step_takes():
     grads = [p.grad.clone() for b in blocks for p in b.parameters()]
     for p, q in zip((p for b in blocks for p in b.parameters()), before):
         assert torch.equal(p.detach(), q)
-    tr._online_batch(x, y)
+    online.online_batch(tr, x, y)
     for p, q, g in zip((p for b in blocks for p in b.parameters()), before, grads):
         torch.testing.assert_close(p.detach(), q - 0.1 * g, rtol=0, atol=1e-14)

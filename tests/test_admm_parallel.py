@@ -17,7 +17,7 @@ import torch
 
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.admm.parallel import block_owners, check_block_parallel
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.distributed.launch import free_port
 
 HERE = Path(__file__).parent

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM, RunData, random_shift, train_admm
+from inferlearn.admm import ADMMConfig, BlockADMM, RunData, random_shift, train_admm
 from inferlearn.atomic import read_jsonl
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.errors import DivergenceError

@@ -105,7 +105,7 @@ def test_a_non_finite_grad_left_from_before_is_named(name):
 
 
 def test_argmin_layer_input_of_the_wrong_width():
-    from inferlearn.bilevel.layer import ArgminLayer, Box, LeastSquaresEnergy
+    from inferlearn.bilevel import ArgminLayer, Box, LeastSquaresEnergy
 
     layer = ArgminLayer(LeastSquaresEnergy(torch.randn(5, 3)), Box.nonnegative())
     with pytest.raises(ValueError, match=r"inputs of shapes \(4, 6\) do not fit its energy LeastSquaresEnergy"):

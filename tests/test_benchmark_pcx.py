@@ -14,7 +14,8 @@ import pytest
 
 from inferlearn.benchmark import PROTOCOLS, Settings, parse_budget
 from inferlearn.benchmark.protocols import PCX_VGG5, PCX_VGG7, pcx_betas
-from inferlearn.benchmark.runner import pcx_protocol, plan
+from inferlearn.benchmark.report import pcx_protocol
+from inferlearn.benchmark.runner import plan
 from inferlearn.cli import main
 
 TINY = {"name": "tiny2", "summary": "a test protocol on digits", "data": "digits", "arch": "64-16-10", "val_size": 300,

@@ -170,7 +170,7 @@ def test_fixed_bound_agrees_with_the_argmin_layer_and_reaches_module_parameters(
     """With a bound that does not depend on θ (lo = 0), the constrained layer is the argmin layer's NNLS with
     Box.nonnegative(): same codes and the same gradients for the dictionary (a module parameter) and the signal."""
     from inferlearn.bilevel import ArgminLayer, Box, LeastSquaresEnergy
-    from inferlearn.bilevel.layer import AcceleratedProjectedGradient
+    from inferlearn.bilevel import AcceleratedProjectedGradient
     gen = torch.Generator().manual_seed(4)
     D = torch.randn(6, 4, generator=gen, dtype=DT)
     y = torch.randn(3, 6, generator=gen, dtype=DT)

@@ -12,7 +12,7 @@ import torch
 
 from inferlearn.bilevel import Box, FunctionEnergy, LeastSquaresEnergy, ProximalEnergy, QuadraticEnergy
 from inferlearn.bilevel.duality import dual_objective, dual_surrogate, solve_joint
-from inferlearn.bilevel.layer import AcceleratedProjectedGradient, contrastive_surrogate, solve
+from inferlearn.bilevel import AcceleratedProjectedGradient, contrastive_surrogate, solve
 
 DT = torch.float64
 TIGHT = AcceleratedProjectedGradient(max_iter=50000, tol=1e-12)

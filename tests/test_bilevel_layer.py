@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlearn.bilevel.layer import (AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy, LeastSquaresEnergy,
+from inferlearn.bilevel import (AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy, LeastSquaresEnergy,
                                 ProjectedGradient, ProximalEnergy, QuadraticEnergy, contrastive_surrogate, solve)
 from inferlearn.errors import ConvergenceError, ConvergenceWarning
 

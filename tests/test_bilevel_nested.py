@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from inferlearn.bilevel import Box, FunctionEnergy
-from inferlearn.bilevel.layer import AcceleratedProjectedGradient, solve
+from inferlearn.bilevel import AcceleratedProjectedGradient, solve
 from inferlearn.bilevel.nested import bottomup_surrogate, layer_betas, topdown_surrogate
 
 DT = torch.float64

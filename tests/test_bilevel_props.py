@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from inferlearn.bilevel.layer import (AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy, ProximalEnergy,
+from inferlearn.bilevel import (AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy, ProximalEnergy,
                                 QuadraticEnergy, contrastive_surrogate, solve)
 
 TIGHT = AcceleratedProjectedGradient(max_iter=20000, tol=1e-13)
@@ -221,7 +221,7 @@ def test_symmetric_contrastive_is_exact_for_quadratic_energy_with_stable_active_
     """For a quadratic energy the linearised surrogate is exact once the active set is stable:
     NNLS codes with the contrastive backward equal implicit differentiation to ~1e-8 (β = 1e-6)."""
     gen = torch.Generator().manual_seed(1)
-    from inferlearn.bilevel.layer import LeastSquaresEnergy
+    from inferlearn.bilevel import LeastSquaresEnergy
 
     D = torch.randn(7, 5, generator=gen)
     y = torch.randn(4, 7, generator=gen)

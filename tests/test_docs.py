@@ -43,14 +43,6 @@ def test_docstrings_do_not_cite_files_outside_the_repository():
         assert "MATH.md" not in text and "../shared" not in text, path
 
 
-def test_readme_example_runs():
-    """The README's example is run as written (a reader's first try must work)."""
-    import re
-    text = (ROOT / "README.md").read_text()
-    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "make_rule" in b]
-    exec(compile(code, "README.md", "exec"), {})
-
-
 def test_readme_first_commands_install_and_run_the_main_job_then_the_tests():
     """A newcomer's first two commands: the one that installs and runs the main job, the one that tests."""
     import re

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from inferlearn.engine.chain import model_chain
-from inferlearn.engine.dense import LiftedEnergy
-from inferlearn.engine.layered import LayeredEnergy, LayeredProblem
+from inferlearn.engine.graph import read_graph
+from inferlearn.engine.problems import LiftedEnergy
+from inferlearn.engine.problems import LayeredEnergy, LayeredProblem
 from inferlearn.engine.solvers import ReferenceSolver
 from inferlearn.models import MLP
 from inferlearn.rules import make_rule
@@ -88,7 +88,7 @@ def conv_net(seed=0):
 
 def _unrolled_energy(model, gamma, in_dim=16):
     """The dense lifted energy of the same network: each layer map as its Jacobian matrix and offset."""
-    chain = model_chain(model)
+    chain = read_graph(model)
     ws, bs, shape = [], [], (in_dim,)
     for link in chain.links:
         def flat_map(v, link=link, shape=shape):
@@ -113,7 +113,7 @@ def test_conv_lifted_minimiser_matches_unrolled_reference(clamped):
     x, labels = _data(n=6, d=16, seed=4)
     y = torch.nn.functional.one_hot(labels, 3).to(DT)
     gamma = 0.5
-    generic = LayeredProblem(LayeredEnergy.lifted(model_chain(model), gamma), x, target=y if clamped else None)
+    generic = LayeredProblem(LayeredEnergy.lifted(read_graph(model), gamma), x, target=y if clamped else None)
     h_gen, info = ReferenceSolver().solve(generic)
     dense = _unrolled_energy(model, gamma)
     h_ref, _ = ReferenceSolver().solve(dense.problem(x, y if clamped else None))
@@ -132,7 +132,7 @@ def test_conv_weight_gradients_match_finite_differences_of_the_minimum():
     y = torch.nn.functional.one_hot(labels, 3).to(DT)
 
     def min_energy():
-        p = LayeredProblem(LayeredEnergy.lifted(model_chain(model), 0.5), x, target=y)
+        p = LayeredProblem(LayeredEnergy.lifted(read_graph(model), 0.5), x, target=y)
         h, _ = ReferenceSolver().solve(p)
         return p, h, float(p.value(h, fresh_a1=False).sum().detach())
 

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from graph_models import ResidualConvNet
-from inferlearn import model_chain
-from inferlearn.engine.chain import DIFFERENTIABLE
-from inferlearn.engine.error_inference import ErrorProblem
-from inferlearn.engine.layered import LayeredProblem
+from inferlearn import read_graph
+from inferlearn.engine.graph import DIFFERENTIABLE
+from inferlearn.engine.problems import ErrorProblem
+from inferlearn.engine.problems import LayeredProblem
 from inferlearn.rules import make_rule
 from inferlearn.rules.predictive_coding import penalty_energy
 
@@ -108,7 +108,7 @@ def test_epc_on_a_residual_conv_net_equals_few_line_autograd_epc(output):
 
 
 def _error_problem(model, x, labels, output="se", weight=1.0):
-    chain = model_chain(model, DIFFERENTIABLE, "epc", example=x)
+    chain = read_graph(model, DIFFERENTIABLE, "epc", example=x)
     free = LayeredProblem(penalty_energy(chain, weight, output), x)
     n_out = free.forward_state()[1][chain.depth].shape[1]
     return ErrorProblem(free.stacked(1, target=F.one_hot(labels, n_out).to(x.dtype)))

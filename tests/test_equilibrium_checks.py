@@ -17,7 +17,7 @@ import torch
 from test_graph import Branches, ResConv, ResidualMLP, _data
 
 from inferlearn.diagnostics import equilibrium_gap, rule_gradients
-from inferlearn.engine.layered import LayeredProblem
+from inferlearn.engine.problems import LayeredProblem
 from inferlearn.errors import ConvergenceWarning, PrecisionWarning
 from inferlearn.losses import one_hot, quadratic_loss
 from inferlearn.models import MLP

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from scipy.optimize import lsq_linear
 from torch import nn
 
-from inferlearn import Node, model_chain
-from inferlearn.engine.layered import LayeredEnergy, LayeredProblem
+from inferlearn import NodeSpec, read_graph
+from inferlearn.engine.problems import LayeredEnergy, LayeredProblem
 from inferlearn.engine.solvers import ReferenceSolver
 from inferlearn.models import MLP
 from inferlearn.rules import make_rule
@@ -98,7 +98,7 @@ def test_traced_graph_computes_the_models_forward(make):
     """Guards against a mis-read edge (a lost skip, a wrong concatenation slot or scaling)."""
     model = make().to(DT)
     x, _ = _data()
-    chain = model_chain(model, example=x)
+    chain = read_graph(model, example=x)
     assert not chain.is_chain
     torch.testing.assert_close(chain.forward_all(x)[0][-1], model(x), rtol=0, atol=1e-14)
 
@@ -106,11 +106,11 @@ def test_traced_graph_computes_the_models_forward(make):
 def test_graph_structure_of_a_residual_block_and_a_residual_stream():
     """Node k's pre-activation is the sum of its edges: the block's output reads the branch and the skip;
     a residual stream used twice becomes a linear value node (levels: longest paths)."""
-    chain = model_chain(ResConv())
+    chain = read_graph(ResConv())
     assert [link.sources for link in chain.links] == [(0,), (1,), (2, 1), (3,)]
     assert chain.levels == (0, 1, 2, 3, 4)
     assert [len(e.maps) for e in chain.links[2].edges] == [1, 0]   # conv branch, identity skip
-    res = model_chain(ResidualMLP(depth=2))
+    res = read_graph(ResidualMLP(depth=2))
     # relu(inp x); the stream h1 = inp x + s W relu(·) feeds two operations: a node with a linear unit;
     # relu(h1); the last sum h2 feeds only the final relu, whose node reads h1 and the branch directly
     assert [type(link.activation).__name__ for link in res.links] == ["ReLU", "Identity", "ReLU", "ReLU", "NoneType"]
@@ -126,12 +126,12 @@ def test_protocol_graph_equals_traced_graph():
             return super().forward(x)
 
         def inferlearn_graph(self):
-            return [Node([(0, [nn.Unflatten(1, (1, 4, 4)), self.c0])], self.r0), Node([(1, self.c1)], self.r1),
-                    Node([(2, self.c2), (1, ())], self.r2), Node([(3, [self.pool, nn.Flatten(), self.fc])])]
+            return [NodeSpec([(0, [nn.Unflatten(1, (1, 4, 4)), self.c0])], self.r0), NodeSpec([(1, self.c1)], self.r1),
+                    NodeSpec([(2, self.c2), (1, ())], self.r2), NodeSpec([(3, [self.pool, nn.Flatten(), self.fc])])]
 
     traced, declared = ResConv(seed=2).to(DT), Declared(seed=2).to(DT)
     x, labels = _data(seed=1)
-    assert [l.sources for l in model_chain(declared).links] == [l.sources for l in model_chain(traced).links]
+    assert [l.sources for l in read_graph(declared).links] == [l.sources for l in read_graph(traced).links]
     for name in ["contrastive", "pc"]:
         for a, b in zip(_grads(make_rule(name), traced, x, labels), _grads(make_rule(name), declared, x, labels)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -197,7 +197,7 @@ def test_backprop_takes_an_untraceable_model():
 
 def _general(model, x):
     """Read ``model`` and force the general graph paths on its chain (no chain or dense specialisations)."""
-    chain = model_chain(model, example=x)
+    chain = read_graph(model, example=x)
     chain.__dict__["is_chain"] = False
     chain.__dict__["is_dense"] = False
     return chain
@@ -262,7 +262,7 @@ def _unrolled(chain, x_row_shape):
 def _bvls_minimiser(model, x, y, gamma):
     """``min ½ Σ_k w_k ‖z_k − Σ_e (W_e z_s + o_e)‖²`` over boxes, per row, by scipy's BVLS (an active-set
     bounded least-squares solver), on the unrolled network."""
-    chain = model_chain(model)
+    chain = read_graph(model)
     mats, sizes = _unrolled(chain, x.shape[1:])
     L = chain.depth
     w = [gamma ** (chain.levels[k] - 1) for k in range(L + 1)]
@@ -304,14 +304,14 @@ def test_residual_conv_lifted_minimiser_matches_bounded_least_squares(clamped):
     x, labels = _data(n=4, seed=4)
     y = F.one_hot(labels, 3).to(DT)
     gamma = 0.5
-    problem = LayeredProblem(LayeredEnergy.lifted(model_chain(model), gamma), x, target=y if clamped else None)
+    problem = LayeredProblem(LayeredEnergy.lifted(read_graph(model), gamma), x, target=y if clamped else None)
     hidden, info = ReferenceSolver().solve(problem)
     assert info.residual < 1e-9
     ref, offs = _bvls_minimiser(model, x, y if clamped else None, gamma)
     mine = torch.cat([h.reshape(h.shape[0], -1) for h in hidden], 1).numpy()
     np.testing.assert_allclose(mine, ref, rtol=0, atol=1e-8)
     at_bound = sum(int(((h == u.lower) | (h == u.upper)).sum()) for u, h in
-                   zip([l.units for l in model_chain(model).links], hidden))
+                   zip([l.units for l in read_graph(model).links], hidden))
     assert at_bound > 10   # the boxes are active: not the unconstrained linear solve
 
 
@@ -323,7 +323,7 @@ def test_residual_weight_gradients_match_finite_differences_of_the_minimum():
     y = F.one_hot(labels, 3).to(DT)
 
     def min_energy():
-        p = LayeredProblem(LayeredEnergy.lifted(model_chain(model), 0.5), x, target=y)
+        p = LayeredProblem(LayeredEnergy.lifted(read_graph(model), 0.5), x, target=y)
         h, _ = ReferenceSolver().solve(p)
         return p, h, float(p.value(h, fresh_a1=False).sum().detach())
 
@@ -405,7 +405,7 @@ def test_pc_value_node_gradients_equal_autograd_of_the_energy(case, layout):
     """Guards the hand-written backward of the squared terms (a dropped own term ``w_k ε_k``, a wrong sign or
     weight of a child's error, a wrong cross-entropy or nudge gradient): it must equal autograd of the energy's
     value, on a residual net with max pooling, in either memory layout."""
-    from inferlearn.engine.layered import NudgedOutputProblem
+    from inferlearn.engine.problems import NudgedOutputProblem
     from inferlearn.models.build import channels_last
     from inferlearn.rules.predictive_coding import DIFFERENTIABLE, penalty_energy
 
@@ -416,7 +416,7 @@ def test_pc_value_node_gradients_equal_autograd_of_the_energy(case, layout):
     x, labels = _data(n=5, seed=2)
     g = torch.Generator().manual_seed(1)
     y = 1.5 * torch.softmax(torch.randn(5, 3, generator=g, dtype=DT), 1)   # not summing to 1: the CE factor Σ_j y_j shows
-    chain = model_chain(model, DIFFERENTIABLE, "pc", example=x)
+    chain = read_graph(model, DIFFERENTIABLE, "pc", example=x)
     if case.startswith("nudged"):
         signs = torch.tensor([1.0, -1.0, 0.0, 1.0, -1.0], dtype=DT)
         problem = NudgedOutputProblem(penalty_energy(chain, 0.7, "se"), x, y, signs, 0.3, case[-2:])

@@ -15,8 +15,8 @@ import torch
 
 from graph_models import ResidualConvNet
 from inferlearn.engine import compiled as C
-from inferlearn.engine import layered
-from inferlearn.engine.layered import LayeredProblem
+from inferlearn.engine.problems import penalty
+from inferlearn.engine.problems import LayeredProblem
 from inferlearn.errors import ConvergenceWarning
 from inferlearn.rules import make_rule
 from inferlearn.rules import backprop
@@ -71,7 +71,7 @@ def test_compiled_graph_pc_step_equals_eager(monkeypatch):
     (2) the library's default eager path, the closed-form adjoint step, to float32 tolerance."""
     rule = make_rule("pc", {"steps": 20})
     default_eager, _ = _grads(rule, "off")
-    comp, c_infos = _compiled(rule, layered.PC_GRAPH_STEP)
+    comp, c_infos = _compiled(rule, penalty.PC_GRAPH_STEP)
     with monkeypatch.context() as m:
         m.setattr(LayeredProblem, "_closed_form", lambda self: False)
         eager, e_infos = _grads(rule, "off")
@@ -87,11 +87,11 @@ def test_compiled_graph_pc_step_equals_eager(monkeypatch):
 def test_compiled_epc_error_step_equals_eager(opts):
     """ePC on a residual conv net (clamped, and a nudged output whose per-row nudge scale is a tensor argument): the
     compiled error step gives the eager gradients to 1e-6 relative, the same loss and number of iterations."""
-    from inferlearn.engine import error_inference
+    from inferlearn.engine.problems import error_problem
 
     rule = make_rule("epc", opts)
     eager, e_infos = _grads(rule, "off")
-    comp, c_infos = _compiled(rule, error_inference.EPC_GRAPH_STEP)
+    comp, c_infos = _compiled(rule, error_problem.EPC_GRAPH_STEP)
     assert _rel(comp, eager) <= 1e-6
     for c, e in zip(c_infos, e_infos):
         assert c.extras["inference_steps"] == e.extras["inference_steps"] == opts["steps"]
@@ -113,14 +113,14 @@ def test_compiled_graph_bp_equals_eager_and_still_checks_labels():
 
 def test_auto_compiles_the_graph_pc_step_on_cpu_for_runs_of_500_batches_and_bp_never():
     """``auto`` on CPU follows ``benchmarks/bench_graph_compile.py``: the graph PC step (faster compiled) from
-    :data:`~inferlearn.engine.layered.GRAPH_AUTO_CPU_MIN_BATCHES` planned mini-batches, back-propagation's graph
+    :data:`~inferlearn.engine.problems.GRAPH_AUTO_CPU_MIN_BATCHES` planned mini-batches, back-propagation's graph
     forward (slower compiled on two of three models) never; ``on`` compiles both."""
     cpu = torch.device("cpu")
-    step, forward = layered.PC_GRAPH_STEP, backprop.GRAPH_FORWARD
+    step, forward = penalty.PC_GRAPH_STEP, backprop.GRAPH_FORWARD
     with C.compiling("auto"):
-        with C.planned_batches(layered.GRAPH_AUTO_CPU_MIN_BATCHES):
+        with C.planned_batches(penalty.GRAPH_AUTO_CPU_MIN_BATCHES):
             assert step.active(cpu) and not forward.active(cpu)
-        with C.planned_batches(layered.GRAPH_AUTO_CPU_MIN_BATCHES - 1):
+        with C.planned_batches(penalty.GRAPH_AUTO_CPU_MIN_BATCHES - 1):
             assert not step.active(cpu) and not forward.active(cpu)
     with C.compiling("on"):
         assert step.active(cpu) and forward.active(cpu)
@@ -155,7 +155,7 @@ def test_compiled_graph_pc_step_on_resnet20_equals_eager_in_float64():
         warnings.simplefilter("error", C.CompileWarning)
         C.reset_compile_state(graphs=True)   # so that the check below sees this test's graphs
         comp, c_info = grads("on")
-    assert not C.compile_failed() and layered.PC_GRAPH_STEP._graphs
+    assert not C.compile_failed() and penalty.PC_GRAPH_STEP._graphs
     assert _rel(comp, eager) <= 1e-10
     assert abs(c_info.loss - e_info.loss) <= 1e-10 * abs(e_info.loss)
 
@@ -194,9 +194,9 @@ def test_auto_measured_choice_is_recorded_and_replayed_without_measuring_again()
     """A resumed run must take the choice the interrupted one measured (compiled and eager round differently, and a
     new measurement may choose otherwise): ``measured_choices`` records it by step name (the checkpoint keeps it),
     ``replay_choices`` makes the step take it without a trial."""
-    from inferlearn.engine import error_inference
+    from inferlearn.engine.problems import error_problem
 
-    step = error_inference.EPC_GRAPH_STEP
+    step = error_problem.EPC_GRAPH_STEP
     rule = make_rule("epc", {"steps": 5})
     x, y = _data()
     model = ResidualConvNet()

@@ -10,7 +10,7 @@ import torch
 
 from inferlearn.experiments.alignment import gamma_sweep, sweep_markdown
 from inferlearn.engine.duals import class_energies, dual_value, duality_gap, free_energy, multipliers
-from inferlearn.engine.dense import LiftedEnergy, contrastive_problem
+from inferlearn.engine.problems import LiftedEnergy, contrastive_problem
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
 from inferlearn.engine.solvers import ReferenceSolver

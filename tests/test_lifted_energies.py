@@ -14,7 +14,7 @@ import torch
 from inferlearn.training.schedules import check_schedule, make_schedule, warmup_schedule
 
 from inferlearn.diagnostics import rule_gradients
-from inferlearn.engine.dense import LiftedEnergy, contrastive_grads, contrastive_problem
+from inferlearn.engine.problems import LiftedEnergy, contrastive_grads, contrastive_problem
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
 from inferlearn.rules import BackProp, Contrastive, LiftedJ0, make_rule

@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.optimize import lsq_linear
 
-from inferlearn.engine.dense import LiftedEnergy, contrastive_problem
+from inferlearn.engine.problems import LiftedEnergy, contrastive_problem
 from inferlearn.errors import ConvergenceError, ConvergenceWarning
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP

@@ -7,8 +7,8 @@ import torch
 from scipy.optimize import minimize
 from torch import nn
 
-from inferlearn.engine.chain import model_chain
-from inferlearn.engine.layered import LayeredEnergy, LayeredProblem
+from inferlearn.engine.graph import read_graph
+from inferlearn.engine.problems import LayeredEnergy, LayeredProblem
 from inferlearn.models import MLP
 from inferlearn.rules import make_rule
 from inferlearn.rules.lpom import integral_potential, lpom_penalty
@@ -37,7 +37,7 @@ def test_penalty_is_a_fenchel_young_gap_zero_at_the_forward_pass(units):
     assert float(lpom_penalty(box, box.project(a), a).abs().max()) < 1e-14
     assert float(lpom_penalty(box, z, a).min()) >= 0
     net = nn.Sequential(nn.Linear(7, 7), nn.ReLU() if units == "relu" else nn.Hardtanh(*((0.0, 1.0) if units == "hard-sigmoid" else (-1.0, 1.0))), nn.Linear(7, 2)).double()
-    energy = LayeredEnergy(model_chain(net), "fenchel", [1.0, 1.0])
+    energy = LayeredEnergy(read_graph(net), "fenchel", [1.0, 1.0])
     torch.testing.assert_close(energy.term(1, z, a), lpom_penalty(box, z, a), rtol=1e-13, atol=1e-13)
 
 
@@ -86,7 +86,7 @@ def test_activation_update_solves_its_subproblem(units, scale):
     mu = 1.5
     model, x, labels = _setup(units, scale)
     rule = make_rule("lpom", {"mu": mu, "sweeps": 2})
-    chain = model_chain(model)
+    chain = read_graph(model)
     y = torch.nn.functional.one_hot(labels, 3).double()
     problem = LayeredProblem(rule.energy(chain), x).stacked(1, target=y)
     hidden, _, _, _ = rule.infer(problem, y)       # a point away from the forward pass
@@ -144,7 +144,7 @@ def test_weight_gradient_is_autograd_of_the_lpom_objective(model_name, mu):
     y = torch.nn.functional.one_hot(labels, 3).double()
     info = make_rule("lpom", {"mu": mu, "sweeps": 4}).backward(model, x, labels)
     grads = [p.grad.clone() for p in model.parameters()]
-    chain = model_chain(model)
+    chain = read_graph(model)
     ref = torch.autograd.grad(_objective(chain, x, y, info.extras["hidden"], info.extras["output"], mu),
                               list(model.parameters()))
     for g_, r in zip(grads, ref):
@@ -159,7 +159,7 @@ def test_sweeps_reach_a_block_fixed_point():
     rule = make_rule("lpom", {"mu": 2.0, "sweeps": 2000, "tol": 1e-12})
     info = rule.backward(model, x, labels)
     assert info.extras["solver_residual"] <= 1e-12
-    chain = model_chain(model)
+    chain = read_graph(model)
     y = torch.nn.functional.one_hot(labels, 3).double()
     problem = LayeredProblem(rule.energy(chain), x).stacked(1, target=info.extras["output"])
     hidden = [h.clone() for h in info.extras["hidden"]]
@@ -188,7 +188,7 @@ def test_zero_sweeps_keep_the_forward_pass():
     """sweeps = 0: hidden activations are the forward pass (every hidden h_k = 0), only the output moves."""
     model, x, labels = _setup("relu")
     info = make_rule("lpom", {"sweeps": 0}).backward(model, x, labels)
-    zs, _ = model_chain(model).forward_all(x)
+    zs, _ = read_graph(model).forward_all(x)
     for h, z in zip(info.extras["hidden"], zs[1:-1]):
         torch.testing.assert_close(h, z, rtol=0, atol=0)
 

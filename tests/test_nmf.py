@@ -5,7 +5,7 @@ import torch
 from scipy.optimize import nnls as scipy_nnls
 from torch import nn
 
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.admm.nmf import NMF, nnls, nnls_gram
 
 torch.set_num_threads(1)

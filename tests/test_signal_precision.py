@@ -136,7 +136,7 @@ def test_argmin_layer_trains_through_float32_stalls_and_warns_once_when_a_solve_
     from sklearn.datasets import load_digits
     from torch import nn
 
-    from inferlearn.bilevel.layer import AcceleratedProjectedGradient, ArgminLayer, Box, LeastSquaresEnergy
+    from inferlearn.bilevel import AcceleratedProjectedGradient, ArgminLayer, Box, LeastSquaresEnergy
     from inferlearn.errors import ConvergenceWarning
 
     X, Y = load_digits(return_X_y=True)

@@ -13,13 +13,13 @@ import copy
 import pytest
 import torch
 
-from inferlearn.bilevel.layer import AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy
+from inferlearn.bilevel import AcceleratedProjectedGradient, ArgminLayer, Box, FunctionEnergy
 from inferlearn.diagnostics import rule_gradients
 from inferlearn.losses import one_hot
 from inferlearn.models import MLP
 from inferlearn.rules import BackProp, make_rule
-from inferlearn.engine.chain import model_chain
-from inferlearn.engine.layered import LayeredProblem
+from inferlearn.engine.graph import read_graph
+from inferlearn.engine.problems import LayeredProblem
 from inferlearn.rules.lifted_fenchel import LiftedFenchel
 from inferlearn.rules.predictive_coding import PredictiveCoding
 from inferlearn.rules.eqprop import EquilibriumPropagation
@@ -100,7 +100,7 @@ def infer_and_grad(rule, model, x, target):
 
 def energy_value(rule, model, x, hidden, target):
     """Per-sample energy of the rule at ``hidden`` with the output clamped to ``target``."""
-    return LayeredProblem(rule.energy(model_chain(model)), x, target=target).value(hidden)
+    return LayeredProblem(rule.energy(read_graph(model)), x, target=target).value(hidden)
 
 
 def test_pc_with_weak_output_clamp_is_backprop():

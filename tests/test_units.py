@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 from inferlearn.bilevel import Box as BilevelBox
-from inferlearn.units import (HARD_SIGMOID, HARD_TANH, LINEAR, RELU, Box, Clamp, UnitSet, box, get_units,
+from inferlearn.units import (HARD_SIGMOID, HARD_TANH, LINEAR, RELU, Box, Clamp, Box, box, get_units,
                               units_of_module)
 
 
 def test_one_type_for_lifted_units_and_argmin_constraints():
     """Guards against two drifting implementations of the same projection."""
-    assert UnitSet is Box and BilevelBox is Box
+    assert Box is Box and BilevelBox is Box
     assert Box.nonnegative() is RELU and get_units("hardsigmoid") is HARD_SIGMOID
     assert Box(0.0, None).lower == 0.0 and math.isinf(Box(0.0, None).upper)
     a = torch.linspace(-3, 3, 13)

@@ -6,7 +6,7 @@ Prints test accuracy, training accuracy of the last block on the stored Z_2 vs o
 how well the Θ pass fits its targets Z_t + U_t, |U|/|Z|, how far Z moves per epoch, relative residuals.
 """
 import sys, torch
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.data import load_dataset
 torch.set_num_threads(1)

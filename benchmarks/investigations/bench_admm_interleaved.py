@@ -5,7 +5,7 @@ gs: per mini-batch, reverse-order Z steps with the current weights, then the Θ 
 jacobi: one forward/backward gives the Θ and Z gradients; both step from the same point; dual from that forward.
 """
 import sys, torch, time
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM, _loss_sum, _sqnorm_rows
+from inferlearn.admm import ADMMConfig, BlockADMM, _loss_sum, _sqnorm_rows
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.data import load_dataset
 torch.set_num_threads(1)

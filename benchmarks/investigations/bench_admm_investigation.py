@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inferlearn.admm.trainer import ADMMConfig, BlockADMM
+from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.admm.blocks import mlp, split_sequential
 from inferlearn.data import load_dataset
 

@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from inferlearn.data import load_dataset  # noqa: E402
-from inferlearn.engine.dense import LiftedEnergy, contrastive_problem  # noqa: E402
+from inferlearn.engine.problems import LiftedEnergy, contrastive_problem  # noqa: E402
 from inferlearn.engine.solvers import (CONVERGED_RTOL, BlockProjectedGradient, CoordinateDescent,  # noqa: E402
                                        ReferenceSolver)
 from inferlearn.errors import ConvergenceWarning  # noqa: E402
@@ -422,7 +422,7 @@ def cost_section(mnist, repeats: int = 9, batches: int = 10) -> str:
 
     def solver_case(name):
         def run(pkg):
-            dense, solvers = imp(pkg, "engine.dense"), imp(pkg, "engine.solvers")
+            dense, solvers = imp(pkg, "engine.problems"), imp(pkg, "engine.solvers")
             model = imp(pkg, "models").MLP("784-64-64-64-10", "relu", seed=0)
             e = dense.LiftedEnergy.from_model(model, gamma=1 / 8)
             probs = [dense.contrastive_problem(e, x[50 * i:50 * i + 50], imp(pkg, "losses").one_hot(labels[50 * i:50 * i + 50], 10))

@@ -38,7 +38,7 @@ import torch
 
 from inferlearn.baselines import least_squares_fit
 from inferlearn.diagnostics import evaluate, rule_gradients
-from inferlearn.engine.dense import LiftedEnergy
+from inferlearn.engine.problems import LiftedEnergy
 from inferlearn.engine.solvers import get_solver
 from inferlearn.errors import DivergenceError
 from inferlearn.losses import one_hot

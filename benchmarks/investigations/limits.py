@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from inferlearn.bilevel.layer import ArgminLayer, Box, LeastSquaresEnergy
+from inferlearn.bilevel import ArgminLayer, Box, LeastSquaresEnergy
 from inferlearn.data import load_dataset
 from inferlearn.models import MLP
 from inferlearn.rules import make_rule

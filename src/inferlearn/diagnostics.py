@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .engine.chain import model_chain
+from .engine.graph import read_graph
 
 if TYPE_CHECKING:
     from .rules.base import Rule
@@ -31,7 +31,7 @@ def active_counts(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> 
     ``(0, 0)`` without box units; ``None`` for a model that is not a chain.
     """
     try:
-        chain = model_chain(model)
+        chain = read_graph(model)
     except (ValueError, TypeError):
         return None
     engaged, total = 0, 0
@@ -53,7 +53,7 @@ def active_counts(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> 
 def active_fraction(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> float:
     """Fraction of hidden box-unit evaluations over ``x`` where ``Π_C(a) ≠ a`` (0 for linear networks).
 
-    Any chain (:func:`~inferlearn.engine.chain.model_chain`); hidden activations that are not box
+    Any chain (:func:`~inferlearn.engine.graph.read_graph`); hidden activations that are not box
     units are not counted (0 without any). ``nan`` for a model that is not a chain.
     """
     counts = active_counts(model, x, batch_size)

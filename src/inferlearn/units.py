@@ -1,6 +1,6 @@
 """Boxes: the convex sets ``C = [lower, upper]`` of lifted-network units and argmin-layer constraints.
 
-One class, :class:`Box` (also spelled :data:`UnitSet`, the lifted engine's name for it), is both
+One class, :class:`Box` (also spelled :data:`Box`, the lifted engine's name for it), is both
 
 * a **unit set** of a lifted network: each hidden unit type is a box ``[lower, upper]`` (possibly
   unbounded) and the activation is the projection ``Π_C(a) = clamp(a, lower, upper)`` -- the
@@ -63,7 +63,7 @@ class Box:
     """The convex set ``C = {z : lower ≤ z ≤ upper}`` (coordinate-wise), and its projection ``Π_C``.
 
     Constructed as ``Box(lower, upper)`` or, with a name first, ``Box(name, lower, upper)`` (the
-    spelling ``UnitSet("relu", 0.0, math.inf)`` of the lifted engine); every argument may also be
+    spelling ``Box("relu", 0.0, math.inf)`` of the lifted engine); every argument may also be
     given by keyword. ``None`` and ``±inf`` both mean unbounded on that side and are stored as
     ``∓inf``. Bounds are floats (the unit sets of lifted networks) or, for argmin-layer constraints,
     tensors that broadcast to the variable's shape *without enlarging it* (e.g. shape ``(n,)`` for a
@@ -244,9 +244,6 @@ class Box:
         return z - self.project(z - g)
 
 
-UnitSet = Box
-"""The lifted engine's name for :class:`Box` (a unit set is a box with a name)."""
-
 LINEAR = Box("linear", -math.inf, math.inf)
 RELU = Box("relu", 0.0, math.inf)
 HARD_SIGMOID = Box("hard-sigmoid", 0.0, 1.0)
@@ -346,3 +343,12 @@ def units_of_module(module: nn.Module) -> Box | None:
     if isinstance(module, nn.Identity):
         return LINEAR
     return None
+
+
+def __getattr__(name: str):
+    if name == "UnitSet":   # the old name of Box
+        import warnings
+        warnings.warn("inferlearn.units.UnitSet is renamed inferlearn.units.Box; the old name will be removed",
+                      DeprecationWarning, stacklevel=2)
+        return Box
+    raise AttributeError(f"module 'inferlearn.units' has no attribute {name!r}")

@@ -23,25 +23,8 @@ import torch
 from torch import nn
 
 from ..models import parse_arch
-from ..units import RELU, UNIT_SETS, Clamp, get_units
-
-# one vocabulary with `inferlearn train`: the unit sets (clamps, `hardsigmoid` = `hard-sigmoid` = clamp to
-# [0, 1]) plus the smooth activations block-ADMM also trains
-SMOOTH_ACTIVATIONS = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
-ACTIVATIONS = (*UNIT_SETS, *SMOOTH_ACTIVATIONS)
-ACTIVATION_TYPES = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.Hardtanh, Clamp)
-
-
-def _activation(name: str) -> nn.Module:
-    """The activation module of a unit name (``relu``, ``hard-sigmoid``, …) or ``sigmoid``/``tanh``."""
-    if name in SMOOTH_ACTIVATIONS:
-        return SMOOTH_ACTIVATIONS[name]()
-    try:
-        units = get_units(name)
-    except ValueError:
-        raise ValueError(f"Unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}") from None
-    return nn.ReLU() if units is RELU else Clamp(units)
-
+from ..engine.graph import is_activation
+from ..models.activations import make_activation
 
 def mlp(sizes: str | Sequence[int], act: str = "relu", seed: int | None = 0,
         dtype: torch.dtype = torch.float32) -> nn.Sequential:
@@ -57,7 +40,7 @@ def mlp(sizes: str | Sequence[int], act: str = "relu", seed: int | None = 0,
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         layers.append(nn.Linear(a, b, dtype=dtype))
         if i < len(sizes) - 2:
-            layers.append(_activation(act))
+            layers.append(make_activation(act))
     return nn.Sequential(*layers)
 
 
@@ -76,7 +59,7 @@ def conv_net(channels: Sequence[int] = (16, 32), n_classes: int = 10, in_channel
     layers: list[nn.Module] = []
     c_in, size = in_channels, image_size
     for c in channels:
-        layers += [nn.Conv2d(c_in, c, 3, padding=1, dtype=dtype), nn.MaxPool2d(2), _activation(act)]
+        layers += [nn.Conv2d(c_in, c, 3, padding=1, dtype=dtype), nn.MaxPool2d(2), make_activation(act)]
         c_in, size = c, size // 2
     layers += [nn.Flatten(), nn.Linear(c_in * size * size, n_classes, dtype=dtype)]
     return nn.Sequential(*layers)
@@ -94,12 +77,11 @@ def default_split_points(net: nn.Sequential | Sequence[nn.Module]) -> list[int]:
     ``[ReLU, Flatten, Linear]``.
     """
     modules = list(net)
-    acts = ACTIVATION_TYPES
     points, seen_weights = [], False
     for i, m in enumerate(modules):
         if any(p.requires_grad for p in m.parameters(recurse=True)):
             seen_weights = True
-        elif seen_weights and isinstance(m, acts) and 0 < i < len(modules) - 1:
+        elif seen_weights and is_activation(m) and 0 < i < len(modules) - 1:
             points.append(i)
             seen_weights = False
     return points

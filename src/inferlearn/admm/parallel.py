@@ -37,7 +37,9 @@ from torch import nn
 from ..distributed import Group
 from ..errors import DistributedError
 from .nmf import NMF
-from .trainer import ADMMConfig, BlockADMM
+from .config import ADMMConfig
+from .placement import LocalBlocks
+from .trainer import BlockADMM
 
 
 def block_owners(T: int, world: int, costs: Sequence[float] | None = None) -> list[int]:
@@ -84,22 +86,20 @@ def check_block_parallel(config: ADMMConfig, blocks: Sequence[nn.Module], world:
     block_owners(len(blocks), world)
 
 
-class BlockParallelADMM(BlockADMM):
-    """:class:`~inferlearn.admm.trainer.BlockADMM` (batch mode, Jacobi ``Z`` schedule) split over ranks.
+class RankBlocks(LocalBlocks):
+    """The placement of contiguous runs of blocks over the ranks of ``group`` (module docstring): every rank builds
+    the same blocks from the same seed and trains only its own; metrics, residuals and penalties are the same on
+    every rank.
 
-    Every rank builds the same blocks from the same seed; each trains only its own. Metrics, residuals
-    and penalties are the same on every rank.
-
-    Raises:
-        ValueError: online mode, ``z_steps ≠ 1``, NMF modules, a Gauss–Seidel schedule, more ranks
-            than blocks, or memory-mapped state.
+    Args:
+        group: the process group.
+        blocks: the blocks (their parameter counts balance the runs, :func:`block_owners`).
     """
 
-    def __init__(self, blocks: Sequence[nn.Module], config: ADMMConfig, group: Group):
-        check_block_parallel(config, blocks, group.world)
-        super().__init__(blocks, config)
+    def __init__(self, group: Group, blocks: Sequence[nn.Module]):
         self.group = group
-        costs = [sum(p.numel() for p in b.parameters()) for b in self.blocks]
+        costs = [sum(p.numel() for p in b.parameters()) for b in blocks]
+        self.T = len(blocks)
         self.owners = block_owners(self.T, group.world, costs)
         self.mine = [t for t in range(1, self.T + 1) if self.owners[t - 1] == group.rank]
         self.first, self.last = self.mine[0], self.mine[-1]
@@ -108,29 +108,33 @@ class BlockParallelADMM(BlockADMM):
     def is_main(self) -> bool:
         return self.group.is_main
 
-    # ---- the hooks of BlockADMM -------------------------------------------------------------------
-    def _terms(self) -> range:
+    def attach(self, trainer) -> None:
+        check_block_parallel(trainer.cfg, trainer.blocks, self.group.world)
+
+    def terms(self, T: int) -> range:
         return range(self.first, self.last + 1)
 
-    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+    def sum(self, values: list[float]) -> list[float]:
         return self.group.all_sum(values)
 
+    def barrier(self) -> None:
+        self.group.barrier()
+
     # ---- state ----------------------------------------------------------------------------------
-    def _held(self) -> set[int]:
+    def held(self) -> set[int]:
         """Indices ``t`` of the ``Z_t`` this rank keeps: its own and its input replica ``Z_{first-1}``."""
         return {t for t in range(max(1, self.first - 1), self.last + 1) if t < self.T}
 
-    @torch.no_grad()
-    def init_state(self, X: torch.Tensor, Y: torch.Tensor) -> None:
-        """``Z`` from a forward pass (every rank holds the same initial weights), then only this rank's
-        ``Z_t``, ``U_t`` and its input replica are kept."""
-        super().init_state(X, Y)
-        self._drop_foreign()
+    def own(self, trainer) -> set[int]:
+        """The constraints whose ``Z_t``, ``U_t`` this rank updates."""
+        return {t for t in self.terms(self.T) if t <= trainer.n_z}
 
-    def _drop_foreign(self) -> None:
-        held, own = self._held(), set(self._constraints())
-        self.Z = [z if t in held else None for t, z in enumerate(self.Z, start=1)]
-        self.U = [u if t in own else None for t, u in enumerate(self.U, start=1)]
+    def keep_own_state(self, trainer) -> None:
+        """Keep only this rank's ``Z_t``, ``U_t`` and its input replica (every rank built them all from the same
+        forward pass)."""
+        held, own = self.held(), self.own(trainer)
+        trainer.Z = [z if t in held else None for t, z in enumerate(trainer.Z, start=1)]
+        trainer.U = [u if t in own else None for t, u in enumerate(trainer.U, start=1)]
 
     # ---- communication --------------------------------------------------------------------------
     def _exchange(self, send: torch.Tensor | None, to: int | None, recv_like: torch.Tensor | None,
@@ -150,49 +154,44 @@ class BlockParallelADMM(BlockADMM):
                                    f"within {self.group.timeout_s:g} s ({str(exc).splitlines()[0][:200]})") from None
         return buf
 
-    def _jacobi_z_update(self) -> None:
-        """Every rank updates its ``Z_t`` at once; boundary gradients go down, boundary ``Z`` up."""
-        rank, T = self.group.rank, self.T
-        below = rank - 1 if self.first > 1 else None   # holds Z_{first-1}, whose step needs our term's gradient
-        above = rank + 1 if self.last < T else None    # holds block last+1, whose term contains our Z_last
-        for a, b in self._chunks(self.X.shape[0]):
-            sl = slice(a, b)
-            g_down = None
-            if below is not None:   # ∇_{Z_{first-1}} of our first block's term, at the previous values
-                zin = self._get(self.first - 1, sl).requires_grad_(True)
-                with torch.enable_grad():
-                    (g_down,) = torch.autograd.grad(self._next_term_sum(self.first - 1, zin, sl), zin)
-            g_up = self._exchange(g_down, below, self._get(self.last, sl) if above is not None else None, above)
-            new = {}
-            for t in self._constraints():
-                with torch.no_grad():
-                    target = self.blocks[t - 1](self._get(t - 1, sl)) - self._u(t, sl)
-                new[t] = self._z_steps(t, sl, target, next_grad=g_up if t == self.last else None)
-            for t, z in new.items():
-                self._put(self.Z[t - 1], sl, z)
-            # the new Z_last goes up as the next rank's input replica; ours comes from below
-            fresh = self._exchange(self._get(self.last, sl) if above is not None else None, above,
-                                   self._get(self.first - 1, sl) if below is not None else None, below)
-            if fresh is not None:
-                self._put(self.Z[self.first - 2], sl, fresh)
+    def _below(self) -> int | None:
+        """The rank holding ``Z_{first-1}``, whose step needs our first term's gradient."""
+        return self.group.rank - 1 if self.first > 1 else None
 
-    @torch.no_grad()
-    def predict(self, x: torch.Tensor, batch: int = 4096) -> torch.Tensor:
-        """The forward pass as a pipeline: each rank applies its blocks; every rank gets the output."""
-        self.train_mode(False)
-        outs = []
-        group = self.group
-        for a in range(0, x.shape[0], batch):
-            z = x[a:a + batch].to(self.device, self.dtype)
-            if self.first > 1:
-                z = self._recv_object(group.rank - 1)
-            for t in self.mine:
-                z = self.blocks[t - 1](z)
-            if self.last < self.T:
-                self._send_object(z, group.rank + 1)
-            outs.append(z if self.last == self.T else None)
-        out = torch.cat(outs) if self.last == self.T else None
-        box = [out]
+    def _above(self) -> int | None:
+        """The rank holding block ``last + 1``, whose term contains our ``Z_last``."""
+        return self.group.rank + 1 if self.last < self.T else None
+
+    def boundary_gradient(self, trainer, sl) -> torch.Tensor | None:
+        """Send ``∇_{Z_{first-1}}`` of our first block's term (at the previous values) down, receive the one of the
+        next rank's first term at our ``Z_last`` from above."""
+        below, above = self._below(), self._above()
+        g_down = None
+        if below is not None:
+            zin = trainer.state.get(self.first - 1, sl).requires_grad_(True)
+            with torch.enable_grad():
+                (g_down,) = torch.autograd.grad(trainer.next_term_sum(self.first - 1, zin, sl), zin)
+        return self._exchange(g_down, below, trainer.state.get(self.last, sl) if above is not None else None, above)
+
+    def boundary_values(self, trainer, sl) -> None:
+        """The new ``Z_last`` goes up as the next rank's input replica; ours comes from below."""
+        below, above = self._below(), self._above()
+        fresh = self._exchange(trainer.state.get(self.last, sl) if above is not None else None, above,
+                               trainer.state.get(self.first - 1, sl) if below is not None else None, below)
+        if fresh is not None:
+            trainer.state.put(trainer.Z[self.first - 2], sl, fresh)
+
+    def chunk_input(self, z: torch.Tensor) -> torch.Tensor:
+        return self._recv_object(self.group.rank - 1) if self.first > 1 else z
+
+    def chunk_output(self, z: torch.Tensor, T: int) -> torch.Tensor | None:
+        if self.last < T:
+            self._send_object(z, self.group.rank + 1)
+            return None
+        return z
+
+    def output(self, outs: list) -> torch.Tensor:
+        box = [torch.cat(outs) if self.last == self.T else None]
         self._broadcast_object(box, src=self.owners[-1])
         return box[0]
 
@@ -215,23 +214,21 @@ class BlockParallelADMM(BlockADMM):
                                    f"{self.group.timeout_s:g} s ({str(exc).splitlines()[0][:200]})") from None
 
     # ---- checkpoints: everything gathered on rank 0, in the one-process format -------------------
-    def state_dict(self) -> dict:
-        """The one-process :meth:`BlockADMM.state_dict`, assembled on rank 0 (other ranks get ``{}``).
-
-        A collective: every rank must call it.
-        """
-        opt = self.optimizer.state_dict()
+    def state_dict(self, trainer, local: dict) -> dict:
+        """The one-process state, assembled on rank 0 from every rank's share (other ranks get ``{}``)."""
+        opt = trainer.optimizer.state_dict()
         # the optimiser state of this rank's own blocks only: after a resume every rank also holds the
         # loaded (and since then stale) state of the other ranks' blocks, which must not win the merge
         own = {i for t in self.mine for i in opt["param_groups"][t - 1]["params"]}
-        mine = {"blocks": {t: self.blocks[t - 1].state_dict() for t in self.mine},
-                "Z": {t: self.Z[t - 1] for t in self._constraints()}, "U": {t: self.U[t - 1] for t in self._constraints()},
+        cons = sorted(self.own(trainer))
+        mine = {"blocks": {t: trainer.blocks[t - 1].state_dict() for t in self.mine},
+                "Z": {t: trainer.Z[t - 1] for t in cons}, "U": {t: trainer.U[t - 1] for t in cons},
                 "optimizer_state": {i: s for i, s in opt["state"].items() if i in own}}
         parts = [None] * self.group.world
         self._guard(lambda: dist.all_gather_object(parts, mine))
         if not self.is_main:
             return {}
-        state = super().state_dict()   # this rank's view; the others' parts fill the rest
+        state = local   # this rank's view; the others' parts fill the rest
         for part in parts:
             for t, s in part["blocks"].items():
                 state["blocks"][t - 1] = s
@@ -246,13 +243,26 @@ class BlockParallelADMM(BlockADMM):
         state["U"] = [next(p["U"][t] for p in parts if t in p["U"]).clone() for t in range(1, self.T)]
         return state
 
-    def load_state_dict(self, state: dict) -> None:
-        """Load a one-process checkpoint (every rank reads the whole of it, then keeps its share)."""
-        held = self._held()
-        self.Z = [z if z is not None else torch.zeros(0) for z in self.Z]
-        self.U = [u if u is not None else torch.zeros(0) for u in self.U]
+    def load_state_dict(self, trainer, state: dict) -> None:
+        """Load a one-process checkpoint: every rank reads the whole of it, then keeps its share."""
+        held, own = self.held(), self.own(trainer)
+        trainer.Z = [z if z is not None else torch.zeros(0) for z in trainer.Z]
+        trainer.U = [u if u is not None else torch.zeros(0) for u in trainer.U]
         full = dict(state, Z=[z if t in held else torch.zeros(0) for t, z in enumerate(state["Z"], start=1)],
-                    U=[u if t in set(self._constraints()) else torch.zeros(0) for t, u in enumerate(state["U"], start=1)])
-        super().load_state_dict(full)
-        self._drop_foreign()
+                    U=[u if t in own else torch.zeros(0) for t, u in enumerate(state["U"], start=1)])
+        trainer.load_local_state_dict(full)
+        self.keep_own_state(trainer)
 
+
+class BlockParallelADMM(BlockADMM):
+    """:class:`~inferlearn.admm.trainer.BlockADMM` (batch mode, Jacobi ``Z`` schedule) over the ranks of ``group``: the
+    trainer with the :class:`RankBlocks` placement (a constructor; the algorithm is the trainer's).
+
+    Raises:
+        ValueError: online mode, ``z_steps ≠ 1``, NMF modules, a Gauss–Seidel schedule, more ranks
+            than blocks, or memory-mapped state.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], config: ADMMConfig, group: Group):
+        check_block_parallel(config, blocks, group.world)
+        super().__init__(blocks, config, placement=RankBlocks(group, blocks))

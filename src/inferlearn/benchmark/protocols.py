@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..training.config import TrainConfig
+from .validate import check_protocol_data
 
 #: TrainConfig fields a protocol may not set: the benchmark sets them per run (seed, split, folder, device); a
 #: variant may set ``arch`` (e.g. a model its rule can read), which the budget scales like the protocol's
@@ -331,9 +332,7 @@ def load_protocol(name: str) -> Protocol:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"Protocol file {name} is not valid JSON ({exc})") from None
-        from .validate import check_protocol_data
-
-        check_protocol_data(data, f"Protocol file {name}")   # its schema first: one line naming the file and the key
+        check_protocol_data(data, f"Protocol file {name}", Protocol, Variant, Reference, Budget)   # the schema first
         try:
             return Protocol.from_dict(data)
         except ValueError as exc:

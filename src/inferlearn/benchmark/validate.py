@@ -8,11 +8,9 @@ from __future__ import annotations
 from ..schema import check_object, expect, fits, json_kind
 
 
-def check_protocol_data(data, file: str) -> None:
-    """Check a protocol file's JSON against :class:`~inferlearn.benchmark.protocols.Protocol`'s schema (the
-    protocol itself, each variant, reference and budget)."""
-    from .protocols import Budget, Protocol, Reference, Variant
-
+def check_protocol_data(data, file: str, Protocol: type, Variant: type, Reference: type, Budget: type) -> None:
+    """Check a protocol file's JSON against the schema of :class:`~inferlearn.benchmark.protocols.Protocol` (the
+    protocol itself, each variant, reference and budget: the dataclasses given, whose fields are the schema)."""
     fix = "correct it in the file (see `inferlearn benchmark --list` for the built-in protocols)"
     check_object(data, Protocol, file, "", fix)
     for key, cls in (("variants", Variant), ("references", Reference)):

@@ -53,7 +53,9 @@ from ..engine.phases import check_beta, check_nudging, nudged_phases
 from ..engine.solvers import SolveInfo
 from ..errors import ConvergenceError, ConvergenceWarning
 from ..units import Box
-from .layer import (AcceleratedProjectedGradient, Energy, FunctionEnergy, _as_box, _per_sample_loss, precision_floor)
+from .energies import Energy, FunctionEnergy
+from .fista import AcceleratedProjectedGradient, as_box, precision_floor
+from .layer import per_sample_loss
 
 
 class Constraints:
@@ -212,7 +214,7 @@ def solve_constrained(energy: Energy, constraints: Constraints, inputs: Sequence
     if not isinstance(constraints, Constraints):
         raise TypeError(f"constraints must be inferlearn.bilevel.Constraints, got {type(constraints).__name__}")
     _check_inputs(inputs, constraint_inputs)
-    box = _as_box(box)
+    box = as_box(box)
     inputs = [x.detach() for x in inputs]
     c_inputs = [x.detach() for x in constraint_inputs]
     z0 = init.detach() if init is not None else energy.initial(*inputs)
@@ -225,7 +227,7 @@ def solve_constrained(energy: Energy, constraints: Constraints, inputs: Sequence
         if shift is not None:
             v = v + (shift * z).sum(-1)
         if loss is not None and beta != 0:
-            v = v + beta * _per_sample_loss(loss, z)
+            v = v + beta * per_sample_loss(loss, z)
         return v
 
     solver = solver or AugmentedLagrangian()
@@ -313,7 +315,7 @@ class ConstrainedArgminLayer(nn.Module):
         if not isinstance(constraints, Constraints):
             raise TypeError(f"constraints must be inferlearn.bilevel.Constraints, got {type(constraints).__name__}")
         self.beta, self.nudging = check_beta(beta), check_nudging(nudging)
-        self.energy, self.constraints, self.box = energy, constraints, _as_box(box)
+        self.energy, self.constraints, self.box = energy, constraints, as_box(box)
         self.solver = solver or AugmentedLagrangian()
         if isinstance(constraints.fn, nn.Module):
             self.constraint_fn = constraints.fn     # its parameters are this layer's (the energy registers itself)

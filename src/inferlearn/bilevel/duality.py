@@ -39,7 +39,9 @@ import torch
 from ..engine.phases import check_beta
 from ..engine.solvers import SolveInfo
 from ..units import Box
-from .layer import AcceleratedProjectedGradient, Energy, FunctionEnergy, _as_box, _per_sample_loss, solve
+from .energies import Energy, FunctionEnergy
+from .fista import AcceleratedProjectedGradient, as_box, solve
+from .layer import per_sample_loss
 
 
 def _bounds(box: Box, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +58,7 @@ def dual_objective(energy: Energy, mu_lo: torch.Tensor, mu_hi: torch.Tensor, inp
 
     Multipliers of infinite bounds are ignored (read as 0).
     """
-    lo, hi = _bounds(_as_box(box), mu_lo)
+    lo, hi = _bounds(as_box(box), mu_lo)
     mu_lo = torch.where(torch.isfinite(lo), mu_lo, torch.zeros_like(mu_lo))
     mu_hi = torch.where(torch.isfinite(hi), mu_hi, torch.zeros_like(mu_hi))
     lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
@@ -69,7 +71,7 @@ def solve_joint(energy: Energy, loss: Callable[[torch.Tensor], torch.Tensor] | N
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SolveInfo]:
     """``argmin_{z ∈ C, μ ≥ 0} E(z) + β ℓ(z) + D̃(μ)``: returns ``(ẑ, μ_lo, μ_hi, info)`` (``loss=None``: β ℓ = 0,
     then ``ẑ`` is the free solution and ``D̃(μ) = −E(ẑ)`` at the optimum: strong duality)."""
-    box = _as_box(box)
+    box = as_box(box)
     inputs = [x.detach() for x in inputs]
     z0 = init.detach() if init is not None else energy.initial(*inputs)
     box.check(z0.shape)
@@ -82,7 +84,7 @@ def solve_joint(energy: Energy, loss: Callable[[torch.Tensor], torch.Tensor] | N
     def joint(w, *xs):
         z, mu_lo, mu_hi = w[..., :n], w[..., n:2 * n], w[..., 2 * n:]
         v = energy.value(z, *xs) + dual_objective(energy, mu_lo, mu_hi, xs, box)
-        return v if loss is None else v + beta * _per_sample_loss(loss, z)
+        return v if loss is None else v + beta * per_sample_loss(loss, z)
 
     w0 = torch.cat([box.project(z0), zero, zero], -1)
     w, info = solve(FunctionEnergy(joint), inputs, joint_box, solver or AcceleratedProjectedGradient(), init=w0)

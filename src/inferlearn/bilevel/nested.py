@@ -22,7 +22,7 @@ gap_k/β_k + ℓ_k(z_k)``, and the nested minimisations merge into **one joint m
 
 the lifted Fenchel / LPOM energy with term weights ``1/β_k`` and a free output carrying the loss. Eliminating
 the output, ``min_{z_L} ½‖z_L − y‖² + ½‖z_L − a_L‖²/β_L = ½‖a_L − y‖²/(1 + β_L)``, gives the engine's
-``fenchel`` :class:`~inferlearn.engine.layered.LayeredEnergy` with weights ``[1/β_1, …, 1/β_{L−1}, 1/(1+β_L)]``
+``fenchel`` :class:`~inferlearn.engine.problems.LayeredEnergy` with weights ``[1/β_1, …, 1/β_{L−1}, 1/(1+β_L)]``
 and the output clamped to ``y`` — solved by the engine's block solver (:func:`topdown_surrogate`).
 Linearising ``ℓ_k`` at the forward pass instead gives the closed-form recursion of Fenchel back-propagation
 (:class:`~inferlearn.rules.fenchel.FenchelBackProp`). ``L_TD ≤ ℓ(z_L*)`` (the forward pass is feasible with
@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..engine.chain import AFFINE, model_chain
-from ..engine.layered import LayeredEnergy, LayeredProblem
+from ..engine.graph import AFFINE, read_graph
+from ..engine.problems import LayeredEnergy, LayeredProblem
 from ..engine.solvers import BlockProjectedGradient, Solver, SolveInfo
 
 
@@ -117,7 +117,7 @@ def _setup(model: nn.Module, x: torch.Tensor, target: torch.Tensor, name: str):
     if x.shape[0] == 0 or target.shape[0] != x.shape[0]:
         raise ValueError(f"{name}: x and target need the same non-zero number of rows, got {x.shape[0]} and "
                          f"{target.shape[0]}")
-    chain = model_chain(model, AFFINE, name)
+    chain = read_graph(model, AFFINE, name)
     with torch.no_grad():
         out = model(x)
     if out.shape != target.shape:

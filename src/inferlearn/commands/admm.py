@@ -18,8 +18,11 @@ from pathlib import Path
 
 import torch
 
-from ..admm.trainer import LOSSES, ADMMConfig, BlockADMM, RunData, random_shift, train_admm
-from ..admm.blocks import ACTIVATION_TYPES, ACTIVATIONS, check_blocks, conv_net, mlp, split_sequential
+from ..admm import ADMMConfig, BlockADMM, RunData, random_shift, train_admm
+from ..admm.config import ADMM_LOSSES
+from ..admm.blocks import check_blocks, conv_net, mlp, split_sequential
+from ..engine.graph import is_activation
+from ..models.activations import ACTIVATIONS
 from ..data import DATASETS, load_dataset
 from ..training.run_folder import RunFolder
 from ..distributed import check_nproc, join, world_from_env
@@ -63,7 +66,7 @@ def register(sub) -> None:
     p.add_argument("--eta0", type=float, default=1.0)
     p.add_argument("--eta-decay", type=float, default=0.9)
     p.add_argument("--penalty-growth", type=float, default=2.0)
-    p.add_argument("--loss", default="cross-entropy", choices=[x for x in LOSSES if x != "mse"])
+    p.add_argument("--loss", default="cross-entropy", choices=[x for x in ADMM_LOSSES if x != "mse"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--data-dir", default=None)
@@ -125,7 +128,7 @@ def build_blocks(args, image_shape, n_classes) -> list[torch.nn.Module]:
         if not 1 <= k <= len(blocks) - 1:
             raise ValueError(f"Invalid --nmf-after {k}: must lie in 1..{len(blocks) - 1} (between two blocks)")
         nxt = blocks[k]
-        if len(nxt) > 1 and isinstance(nxt[0], ACTIVATION_TYPES):
+        if len(nxt) > 1 and is_activation(nxt[0]):
             # NMF factorises non-negative activations: move the activation that starts the next
             # block (default splits are at pre-activations) to the end of block k.
             blocks[k - 1] = torch.nn.Sequential(*blocks[k - 1], nxt[0])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..engine.compiled import MODES as COMPILE_MODES
+from ..engine.compiled import COMPILE_MODES
 from ..errors import InferlearnWarning
 from ..models import ZOO
 from ..data.transforms import AUGMENT, COLOUR_SETS, STANDARDIZE

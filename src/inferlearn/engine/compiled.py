@@ -17,7 +17,7 @@ Switch it on process-wide with :func:`set_compile` (``TrainConfig.compile`` / ``
     with compiling("on"):
         rule.backward(model, x, labels)
 
-Modes (:data:`MODES`): ``"auto"`` (on for CUDA tensors; on CPU, where one compiled step is slower than
+Modes (:data:`COMPILE_MODES`): ``"auto"`` (on for CUDA tensors; on CPU, where one compiled step is slower than
 eager and compiling takes seconds, only the whole-batch graphs, predictive coding's, and only for a run
 of at least :data:`AUTO_CPU_MIN_BATCHES` mini-batches: the rule the measurements in
 ``benchmarks/results/compile.md`` give), ``"on"`` (CUDA graphs on CUDA, inductor's C++ kernels on CPU),
@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import torch
 
-MODES = ("auto", "off", "on", "no-cudagraphs")
+COMPILE_MODES = ("auto", "off", "on", "no-cudagraphs")
 MAX_SHAPES = 16     # compiled graphs per step function; further shapes run eagerly
 MEASURE_CALLS = 3   # timed calls of each variant before a measuring step keeps the faster (``CompiledStep``'s measure)
 #: ``auto`` compiles a whole-batch graph on CPU only for a run of at least this many mini-batches: compiling
@@ -64,9 +64,9 @@ _global = {"mode": "off", "failed": False, "warned": False, "seconds": 0.0, "gra
 
 
 def check_compile_mode(mode: str) -> str:
-    """Validate a mode name (one of :data:`MODES`)."""
-    if mode not in MODES:
-        raise ValueError(f"Invalid compile mode: {mode!r}; choose one of {list(MODES)}")
+    """Validate a mode name (one of :data:`COMPILE_MODES`)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"Invalid compile mode: {mode!r}; choose one of {list(COMPILE_MODES)}")
     return mode
 
 
@@ -364,7 +364,7 @@ def compiled_step(fn: Callable) -> CompiledStep:
     return CompiledStep(fn)
 
 
-__all__ = ["MODES", "MAX_SHAPES", "CompileWarning", "CompiledStep", "compiled_step", "check_compile_mode", "set_compile",
+__all__ = ["COMPILE_MODES", "MAX_SHAPES", "CompileWarning", "CompiledStep", "compiled_step", "check_compile_mode", "set_compile",
            "compile_mode", "compiling", "planned_batches", "torch_mode", "compile_seconds", "compiled_graphs", "compile_failed",
            "compile_decisions",
            "reset_compile_state"]

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .dense import LiftedEnergy
+from .problems import LiftedEnergy
 
 #: default relative tolerance of a differential solve: the largest step of a sweep against the largest |δ|
 RELATIVE_TOL = 1e-4

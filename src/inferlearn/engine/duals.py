@@ -1,7 +1,7 @@
 """Dual energies of lifted networks, strong duality, and free-energy scoring of inputs.
 
 Lagrangian duality on ``e_k = z_k − W_{k-1} z_{k-1} − b_{k-1}`` with multipliers ``λ_k`` turns the
-(free, clamped or nudged) energy of a :class:`~inferlearn.engine.dense.LiftedProblem` into::
+(free, clamped or nudged) energy of a :class:`~inferlearn.engine.problems.LiftedProblem` into::
 
     D(λ) = − Σ_{k=1}^{L} ‖λ_k‖² / (2 w_k) − Σ_{k=1}^{L-1} σ_{C_k}(W_kᵀ λ_{k+1} − λ_k)
            − λ_1ᵀ (W_0 x + b_0) − Σ_{k=2}^{L} λ_kᵀ b_{k-1} + [clamped] λ_Lᵀ y
@@ -27,13 +27,13 @@ from collections.abc import Sequence
 
 import torch
 
-from ..units import UnitSet
-from .dense import LiftedEnergy, LiftedProblem
+from ..units import Box
+from .problems import LiftedEnergy, LiftedProblem
 from ..losses import one_hot
 from .solvers import Solver, get_solver
 
 
-def support(units: UnitSet, s: torch.Tensor, tol: float = 1e-9) -> torch.Tensor:
+def support(units: Box, s: torch.Tensor, tol: float = 1e-9) -> torch.Tensor:
     """Per-sample ``σ_C(s) = sup_{z ∈ C} sᵀz`` for a box; ``+inf`` where ``s`` points into an unbounded side.
 
     Args:
@@ -72,7 +72,7 @@ def dual_value(problem: LiftedProblem, lams: Sequence[torch.Tensor], tol: float 
     if len(lams) != L:
         raise ValueError(f"Expected {L} multipliers λ_1..λ_L, got {len(lams)}")
     lams = list(lams)
-    free_top = torch.zeros_like(lams[-1]) if problem._free_res is None else problem._free_res * e.term_weights[L]
+    free_top = torch.zeros_like(lams[-1]) if problem.free_shift is None else problem.free_shift * e.term_weights[L]
     if problem.n_clamped < problem.batch:
         lams[-1] = torch.where(problem.clamped.unsqueeze(1), lams[-1], free_top)
     val = -sum((lam.pow(2).sum(dim=1) / (2 * e.term_weights[k])) for k, lam in enumerate(lams, start=1))

@@ -1,6 +1,6 @@
 """Fused paths for dense chains (``Linear`` layers with box units): hand-written loops, no autograd graph.
 
-They specialise the generic engine (:mod:`inferlearn.engine.layered`) and the autograd rules to the
+They specialise the generic engine (:mod:`inferlearn.engine.problems`) and the autograd rules to the
 MLP, where a few ``addmm`` calls per layer beat autograd's bookkeeping, and are tested equal to the
 generic paths in float64 (``tests/test_engine_generic.py``).
 
@@ -22,15 +22,15 @@ import torch.nn.functional as F
 
 from ..losses import one_hot, quadratic_loss
 from ..tensors import accumulate_grad
-from ..units import UnitSet
-from .chain import Chain
+from ..units import Box
+from .graph import Graph
 from .compiled import CompiledStep
 from .solvers import last_step_stats, max_abs, residual_floor_of
 
-LocalBackward = Callable[[UnitSet, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+LocalBackward = Callable[[Box, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def accumulate_dense_grads(chain: Chain, grads) -> None:
+def accumulate_dense_grads(chain: Graph, grads) -> None:
     """Accumulate ``[(∇W_k, ∇b_k)]`` (fresh tensors, owned by the caller) into the ``Linear`` layers' ``.grad``."""
     for link, (gw, gb) in zip(chain.links, grads):
         layer = link.linear
@@ -39,7 +39,7 @@ def accumulate_dense_grads(chain: Chain, grads) -> None:
                 accumulate_grad(p, g, owned=True)
 
 
-def dense_forward(chain: Chain, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def dense_forward(chain: Graph, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``([x, z_1, …, z_L], [x, a_1, …, a_L])`` with one ``addmm`` per layer (the input flattened)."""
     zs, pre = [x.reshape(x.shape[0], -1)], [None]
     for k, link in enumerate(chain.links, start=1):
@@ -52,7 +52,7 @@ def dense_forward(chain: Chain, x: torch.Tensor) -> tuple[list[torch.Tensor], li
 
 
 @torch.no_grad()
-def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: str,
+def dense_backward(chain: Graph, x: torch.Tensor, labels: torch.Tensor, loss: str,
                    local: LocalBackward | Sequence[LocalBackward]) -> tuple[float, torch.Tensor]:
     """Back-propagate the loss through a dense chain with ``δ_k = local(units, z_k, a_k, g_k)``.
 
@@ -71,7 +71,7 @@ def dense_backward(chain: Chain, x: torch.Tensor, labels: torch.Tensor, loss: st
     return float(value), out
 
 
-def bp_step_arguments(chain: Chain, local: LocalBackward | Sequence[LocalBackward]) -> tuple:
+def bp_step_arguments(chain: Graph, local: LocalBackward | Sequence[LocalBackward]) -> tuple:
     """``(Ws, bs, units, local, constants)``: the arguments of :func:`bp_step` after the batch, for a dense chain."""
     Ws = [l.linear.weight for l in chain.links]
     bs = [l.linear.bias for l in chain.links]
@@ -120,7 +120,7 @@ BP_STEP = CompiledStep(bp_step, "the back-propagation step")
 
 
 @torch.no_grad()
-def dense_predictive_coding(chain: Chain, x: torch.Tensor, target: torch.Tensor, steps: int, eta: float,
+def dense_predictive_coding(chain: Graph, x: torch.Tensor, target: torch.Tensor, steps: int, eta: float,
                             precision: float, tol: float | None, output: str = "se") -> tuple:
     """Predictive coding on a dense chain: ``T`` simultaneous steps, then the envelope gradient.
 
@@ -187,7 +187,7 @@ def pc_batch_stats(stats: list[float], n: int, eta: float, dtype: torch.dtype) -
     return max(last[:n]), max(first), layers, floor, summary
 
 
-def pc_constants(chain: Chain, like: torch.Tensor) -> tuple:
+def pc_constants(chain: Graph, like: torch.Tensor) -> tuple:
     """``(lin, bounds)`` of a dense chain's hidden units for :func:`pc_inference` (bounds cast to ``like``)."""
     units = [l.units for l in chain.links[:-1]]
     return tuple([u.is_linear for u in units] + [True]), tuple(u.clamp_bounds(like) for u in units)
@@ -207,7 +207,7 @@ class DensePlan:
             it issues the rule's verdict and warnings, and raises on non-finite value nodes or gradients.
     """
 
-    chain: Chain
+    chain: Graph
     gradient: str
     constants: tuple
     finish: Callable | None = None

@@ -323,7 +323,7 @@ def duality_report(data: str = "mnist", arch: str = "784-64-64-64-10", acts=("li
     import copy
 
     from ..engine.duals import class_energies, duality_gap, free_energy
-    from ..engine.dense import LiftedEnergy, contrastive_problem
+    from ..engine.problems import LiftedEnergy, contrastive_problem
     from ..losses import one_hot
     from ..engine.solvers import ReferenceSolver
     from ..training.loop import build, run_epoch

@@ -1,7 +1,7 @@
 """Activation names of the model zoo (``act=…``), each made as a fresh module per use.
 
 A model holds one activation *module* per place it is applied (never ``F.relu``), so that a traced graph
-(:mod:`inferlearn.engine.graph_reader`) sees each use as its own unit. The box units of ``--act``
+(:mod:`inferlearn.engine.graph`) sees each use as its own unit. The box units of ``--act``
 (``relu``, ``hard-tanh``, ``hard-sigmoid``, ``linear``) map to modules the lifted energies recognise as box
 projections (:func:`inferlearn.units.units_of_module`); the smooth ones (``gelu``, ``tanh``, ...) suit
 predictive coding, back-propagation and Fenchel back-propagation.

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..units import UnitSet
+from ..units import Box
 from .conv import conv_net, parse_conv_arch
 from .mlp import MLP, parse_arch
 from .zoo import ZOO, zoo_entry
@@ -42,7 +42,7 @@ def channels_last(model: nn.Module) -> nn.Module:
     return model
 
 
-def build_model(arch: str, units: str | UnitSet, n_features: int, n_classes: int, image_shape: Sequence[int],
+def build_model(arch: str, units: str | Box, n_features: int, n_classes: int, image_shape: Sequence[int],
                 seed: int = 0, init_scale: float = 1.0, data_name: str = "the data") -> nn.Module:
     """The model an architecture string describes.
 
@@ -67,7 +67,7 @@ def build_model(arch: str, units: str | UnitSet, n_features: int, n_classes: int
         if init_scale != 1.0:
             raise ValueError(f"--init-scale {init_scale} applies to MLP architectures; zoo model {arch!r} has its "
                              "own initialisation (leave --init-scale at 1)")
-        act = units.name if isinstance(units, UnitSet) else units
+        act = units.name if isinstance(units, Box) else units
         return channels_last(zoo_entry(arch).build(arch.partition(":")[2], image_shape, n_classes, act=act, seed=seed))
     if kind == "conv":
         channels, hidden = parse_conv_arch(arch)

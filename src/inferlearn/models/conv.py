@@ -9,7 +9,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from ..units import Clamp, UnitSet, get_units
+from ..units import Clamp, Box, get_units
 
 
 def image_dims(image_shape: Sequence[int], model: str) -> tuple[int, int, int]:
@@ -46,7 +46,7 @@ class ImageInput(nn.Unflatten):
 
 
 def conv_net(image_shape: Sequence[int], channels: Sequence[int], hidden: Sequence[int], n_classes: int,
-             units: str | UnitSet = "relu", seed: int | None = 0, dtype: torch.dtype = torch.float32) -> nn.Sequential:
+             units: str | Box = "relu", seed: int | None = 0, dtype: torch.dtype = torch.float32) -> nn.Sequential:
     """A conv net on flat inputs: ``Unflatten``, per stage ``Conv3×3 → unit → AvgPool2``, then
     ``Flatten → (Linear → unit)* → Linear``.
 

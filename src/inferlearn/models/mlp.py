@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..units import Clamp, UnitSet, get_units
+from ..units import Clamp, Box, get_units
 from ..tensors import all_finite, has_only_finite  # noqa: F401  (re-exported: models.all_finite)
 
 
@@ -45,32 +45,32 @@ class MLP(nn.Module):
 
     Args:
         sizes: layer widths ``[n_0, ..., n_L]`` or an architecture string.
-        units: hidden unit type (name or :class:`UnitSet`), the same for every hidden layer,
+        units: hidden unit type (name or :class:`Box`), the same for every hidden layer,
             or one per hidden layer.
         seed: seed of the weight initialisation (``None`` keeps torch's global generator).
         init_scale: weights are ``N(0, init_scale² / fan_in)``; biases are zero.
     """
 
-    def __init__(self, sizes: str | Sequence[int], units: str | UnitSet | Sequence = "relu",
+    def __init__(self, sizes: str | Sequence[int], units: str | Box | Sequence = "relu",
                  seed: int | None = 0, init_scale: float = 1.0, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.sizes = parse_arch(sizes)
         n_hidden = len(self.sizes) - 2
-        if isinstance(units, (str, UnitSet)):
+        if isinstance(units, (str, Box)):
             units = [units] * n_hidden
         units = [get_units(u) for u in units]
         if len(units) != n_hidden:
             raise ValueError(f"Got {len(units)} unit types for {n_hidden} hidden layers")
         if not (init_scale > 0 and math.isfinite(init_scale)):
             raise ValueError(f"Invalid init_scale: {init_scale}")
-        self.units: tuple[UnitSet, ...] = tuple(units)
+        self.units: tuple[Box, ...] = tuple(units)
         self.init_scale = float(init_scale)
         self.layers = nn.ModuleList(nn.Linear(a, b, dtype=dtype) for a, b in zip(self.sizes[:-1], self.sizes[1:]))
         self.activations = nn.ModuleList(Clamp(u) for u in units)
         self.reset_parameters(seed)
 
     def inferlearn_chain(self) -> list[nn.Module]:
-        """The chain protocol (:mod:`inferlearn.engine.chain`): ``[Linear, Clamp, Linear, …, Linear]``."""
+        """The chain protocol (:mod:`inferlearn.engine.graph`): ``[Linear, Clamp, Linear, …, Linear]``."""
         out: list[nn.Module] = []
         for layer, act in zip(self.layers, self.activations):
             out += [layer, act]

@@ -6,7 +6,7 @@
     out = act2(branch(x) + shortcut(x)),   branch = [BN] ∘ Conv3×3 ∘ act1 ∘ [BN] ∘ Conv3×3(stride s)
 
 written with ``+`` and one activation module per use, so that ``torch.fx`` traces it and the engine reads
-it as a graph whose node pre-activations are sums of layer maps (:mod:`inferlearn.engine.graph_reader`).
+it as a graph whose node pre-activations are sums of layer maps (:mod:`inferlearn.engine.graph`).
 Stages after the first start with a stride-2 block. Every shortcut is linear or affine:
 
 * ``shortcut="a"`` (ResNet-20's default, He et al.'s option A): parameter-free, ``x[:, :, ::2, ::2]``

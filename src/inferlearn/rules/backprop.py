@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.chain import dense_chain
+from ..engine.graph import dense_graph
 from ..engine.compiled import CompiledStep
 from ..engine.fused import DensePlan, dense_backward
 from ..losses import check_loss, output_loss
-from ..units import UnitSet
+from ..units import Box
 from .base import Rule, StepInfo, register_rule
 
 
@@ -54,7 +54,7 @@ class BackProp(Rule):
     def dense_plan(self, model: nn.Module) -> DensePlan | None:
         """The fused dense backward (:func:`~inferlearn.engine.fused.dense_backward`) when it applies to ``model``:
         ``constants = (loss, local backward)``; else ``None``."""
-        chain = dense_chain(model) if self.fused else None
+        chain = dense_graph(model) if self.fused else None
         return None if chain is None else DensePlan(chain, "bp", (self.loss, _derivative_mask))
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
@@ -81,6 +81,6 @@ def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 GRAPH_FORWARD = CompiledStep(_forward, "back-propagation's forward pass of a graph")
 
 
-def _derivative_mask(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def _derivative_mask(units: Box, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``f'(a) ⊙ g`` of a box unit: ``g`` where the clamp leaves ``a`` unchanged (autograd's convention)."""
     return g.masked_fill_(units.engaged(a), 0.0)

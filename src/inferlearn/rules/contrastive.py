@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.dense import contrastive_grads, contrastive_problem
+from ..engine.problems import contrastive_grads, contrastive_problem
 from ..engine.differential import difference_grads, solve_difference
 from ..engine.fused import accumulate_dense_grads
-from ..engine.layered import LayeredProblem
+from ..engine.problems import LayeredProblem
 from ..losses import one_hot, quadratic_loss
 from .base import StepInfo, register_rule
 from .energy_rule import LiftedEnergyRule, info_extras

@@ -1,12 +1,12 @@
 """The base of the rules that infer activations on a lifted energy: γ, the solver and the engine choice.
 
 Contrastive learning, equilibrium propagation and standard lifted training all build the lifted
-energy of the model's chain (:mod:`inferlearn.engine.chain`), minimise it in one or more phases and
+energy of the model's chain (:mod:`inferlearn.engine.graph`), minimise it in one or more phases and
 read the weight gradient off the minimisers (envelope theorem). They run on
 
-* the **fused** dense engine (:mod:`inferlearn.engine.dense`) when the model is a dense chain
+* the **fused** dense engine (:mod:`inferlearn.engine.problems`) when the model is a dense chain
   (``Linear`` layers with box units: the library's MLP or an equivalent ``nn.Sequential``), or
-* the **generic** layered engine (:mod:`inferlearn.engine.layered`) for any chain of affine maps
+* the **generic** layered engine (:mod:`inferlearn.engine.problems`) for any chain of affine maps
   (conv nets with average pooling included),
 
 tested equal in float64. ``engine="generic"`` forces the generic engine (benchmarks, tests).
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.chain import AFFINE, Chain, model_chain
-from ..engine.dense import LiftedEnergy, check_gamma
-from ..engine.layered import LayeredEnergy
+from ..engine.graph import AFFINE, Graph, read_graph
+from ..engine.problems import LiftedEnergy, check_gamma
+from ..engine.problems import LayeredEnergy
 from ..engine.solvers import DEFAULT_SOLVER, BlockProjectedGradient, SolveInfo, get_solver
 from ..errors import PrecisionWarning
 from ..losses import one_hot
@@ -100,10 +100,10 @@ class LiftedEnergyRule(Rule):
             raise ValueError(f"Invalid phases: {self.phases!r}; choose one of {list(PHASES)}")
         self._solver = solver_from_options(self.solver, self.max_iter, self.tol, self.on_fail)
 
-    def chain(self, model: nn.Module, x: torch.Tensor | None = None) -> tuple[Chain, bool]:
+    def chain(self, model: nn.Module, x: torch.Tensor | None = None) -> tuple[Graph, bool]:
         """The model's graph (checked: affine maps, box units; ``x`` an input batch for traced models that need
         its shape) and whether to use the fused engine."""
-        chain = model_chain(model, AFFINE, self.name, example=x)
+        chain = read_graph(model, AFFINE, self.name, example=x)
         if self.engine == "fused" and not chain.is_dense:
             raise ValueError(f"engine='fused' needs a dense chain (Linear layers with box units, no skip connections); "
                              f"{type(model).__name__} is not one: use engine='auto'")
@@ -113,7 +113,7 @@ class LiftedEnergyRule(Rule):
                              "units, no skip connections); use solver 'block-pg' for this model")
         return chain, fused
 
-    def dense_inputs(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor):
+    def dense_inputs(self, chain: Graph, x: torch.Tensor, labels: torch.Tensor):
         """``(energy, x, y)`` for the fused path: the dense lifted energy, flat inputs, one-hot targets."""
         energy = LiftedEnergy.from_chain(chain, self.gamma)
         x = x.reshape(x.shape[0], -1)
@@ -190,7 +190,7 @@ class LiftedEnergyRule(Rule):
         problem = energy.problem(x, target, nudge=nudge, beta=b, check=False)
         return BlockProjectedGradient().steps(problem)
 
-    def layered_energy(self, chain: Chain) -> LayeredEnergy:
+    def layered_energy(self, chain: Graph) -> LayeredEnergy:
         return LayeredEnergy.lifted(chain, self.gamma)
 
 

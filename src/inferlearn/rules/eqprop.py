@@ -7,7 +7,7 @@ and a nudged one ``ẑ_β = argmin E + β ℓ̄``, and read the weight gradient 
     negative    ∇W = [∇W E(z*) − ∇W E(ẑ₋)] / (β w_L)
     symmetric   ∇W = [∇W E(ẑ₊) − ∇W E(ẑ₋)] / (2β w_L)        (gradient error O(β²))
 
-with ``E`` the lifted energy of :mod:`inferlearn.engine.dense` (feedback weight ``γ``, term weights
+with ``E`` the lifted energy of :mod:`inferlearn.engine.problems` (feedback weight ``γ``, term weights
 ``w_k = γ^{k-1}``) and ``ℓ̄(z_L) = w_L gᵀ z_L`` the loss linearised at the free output, ``g = ∂ℓ/∂z_L``
 per sample at the free equilibrium. Eliminating the output gives ``z_L = a_L ∓ β g``: β is the step
 of the output along the loss gradient, measured against the output term (hence the ``1/w_L``, as
@@ -44,10 +44,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.dense import LiftedEnergy, LiftedProblem, contrastive_grads
+from ..engine.problems import LiftedEnergy, LiftedProblem, contrastive_grads
 from ..engine.differential import difference_grads, solve_difference
 from ..engine.fused import accumulate_dense_grads
-from ..engine.layered import LayeredProblem
+from ..engine.problems import LayeredProblem
 from ..engine.phases import check_beta, check_nudging, nudged_phases
 from ..errors import ConvergenceError, ConvergenceWarning
 from ..losses import check_loss, loss_and_gradient, one_hot, quadratic_loss

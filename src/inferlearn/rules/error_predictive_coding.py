@@ -5,7 +5,7 @@ The energy, its minimisers and the weight gradient are state-based predictive co
 output term, clamped or nudged output, ``∇_θ F / (Bπ)`` read off the state energy at the inferred point with the
 states held fixed, so the weight update stays local); only the variables of inference change. ePC's variables are
 the prediction errors ``e_k`` (started at 0, the forward pass), the states a function of them
-(:mod:`inferlearn.engine.error_inference`)::
+(:mod:`inferlearn.engine.problems`)::
 
     s_k = f_k(a_k(s)) + e_k,     E(e) = Σ_{k<L} ½‖e_k‖² + π ℓ(f_L(a_L(s)), y),     e ← e − η ∂E/∂e   (K times)
 
@@ -44,9 +44,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.chain import DIFFERENTIABLE, model_chain
-from ..engine.error_inference import ErrorProblem
-from ..engine.layered import LayeredProblem
+from ..engine.graph import DIFFERENTIABLE, read_graph
+from ..engine.problems import ErrorProblem
+from ..engine.problems import LayeredProblem
 from ..engine.solvers import GradientSteps
 from .base import register_rule
 from .predictive_coding import PredictiveCoding
@@ -113,7 +113,7 @@ class ErrorPredictiveCoding(PredictiveCoding):
         return (errors_problem.states(errors) if errors else []), info
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
-        return model_chain(model, DIFFERENTIABLE, self.name, example=x), False
+        return read_graph(model, DIFFERENTIABLE, self.name, example=x), False
 
     def dense_plan(self, model: nn.Module):
         """``None``: ePC has no whole-batch fused loop."""

@@ -52,11 +52,11 @@ from functools import partial
 import torch
 from torch import nn
 
-from ..engine.chain import dense_chain, model_chain
+from ..engine.graph import dense_graph, read_graph
 from ..engine.fused import DensePlan, dense_backward
 from ..engine.phases import check_beta
 from ..losses import check_loss, output_loss
-from ..units import Clamp, UnitSet
+from ..units import Clamp, Box
 from .base import Rule, StepInfo, check_positive, register_rule
 
 
@@ -281,7 +281,7 @@ class FenchelBackProp(Rule):
     def dense_plan(self, model: nn.Module) -> DensePlan | None:
         """The fused dense backward (:func:`~inferlearn.engine.fused.dense_backward`) when ``model`` is a dense
         chain: ``constants = (loss, local backward)``; else ``None``."""
-        chain = dense_chain(model)
+        chain = dense_graph(model)
         if chain is None:
             return None
         betas = self.layer_betas(chain.depth - 1) if self._betas is not None or self.beta_ratio is not None else None
@@ -311,7 +311,7 @@ class FenchelBackProp(Rule):
     def _module_betas(self, model: nn.Module) -> tuple[float, ...]:
         """The layer-wise β of each convertible activation module, in :func:`activation_order`."""
         try:
-            chain = model_chain(model)
+            chain = read_graph(model)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"Invalid betas for {type(model).__name__}: layer-wise β needs a model read as a graph "
                              f"({exc})") from None
@@ -331,7 +331,7 @@ def _functional_graph(model: nn.Module, x: torch.Tensor):
     conversion cannot see; ``None`` when every activation is a module (or the model cannot be read)."""
     owned = {id(m) for m in model.modules()}
     try:
-        graph = model_chain(model, example=x)
+        graph = read_graph(model, example=x)
     except (ValueError, TypeError):
         return None
     hidden = [link.activation for link in graph.links]
@@ -354,7 +354,7 @@ def _graph_forward(graph, x: torch.Tensor, betas: float | Sequence[float]) -> to
     return zs[-1]
 
 
-def _fenchel_local(units: UnitSet, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
+def _fenchel_local(units: Box, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor, beta: float) -> torch.Tensor:
     """``δ = (z − Π_C(a − βg))/β`` with the forward ``z = Π_C(a)``, in float64 below float64
     (:func:`fenchel_difference`: the differential form).
 

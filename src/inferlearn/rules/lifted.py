@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..engine.fused import accumulate_dense_grads
-from ..engine.layered import LayeredProblem
+from ..engine.problems import LayeredProblem
 from ..losses import one_hot, quadratic_loss
 from .base import StepInfo, register_rule
 from .energy_rule import LiftedEnergyRule, info_extras

@@ -1,7 +1,7 @@
 """Lifted Fenchel networks / LPOM: clamped inference on the Fenchel–Young-gap energy, weights at the end.
 
 The layer energy is the Fenchel–Young gap of the unit's convex potential, for a box unit ``C``
-(``f = Π_C``; :mod:`inferlearn.engine.layered`, kind ``fenchel``)::
+(``f = Π_C``; :mod:`inferlearn.engine.problems`, kind ``fenchel``)::
 
     E_k = G(z_k) + G*(a_k) − z_kᵀ a_k = ½‖z_k − a_k‖² − ½‖Π_C(a_k) − a_k‖²  ≥ 0,   z_k ∈ C
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.chain import AFFINE, Chain, model_chain
-from ..engine.dense import check_gamma
-from ..engine.layered import LayeredEnergy, LayeredProblem
+from ..engine.graph import AFFINE, Graph, read_graph
+from ..engine.problems import check_gamma
+from ..engine.problems import LayeredEnergy, LayeredProblem
 from ..engine.solvers import EQUILIBRIUM_STEPS, BlockProjectedGradient
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
@@ -74,18 +74,18 @@ class LiftedFenchel(Rule):
         """:data:`~inferlearn.engine.solvers.EQUILIBRIUM_STEPS` steps of the recursion, no early stop."""
         return {"steps": max(self.steps, EQUILIBRIUM_STEPS), "tol": None}
 
-    def energy(self, chain: Chain) -> LayeredEnergy:
+    def energy(self, chain: Graph) -> LayeredEnergy:
         """The Fenchel–Young-gap energy of a chain, term weights ``γ^{k-1}``."""
         return LayeredEnergy.lifted(chain, self.gamma, kind="fenchel")
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        free = LayeredProblem(self.energy(model_chain(model, AFFINE, self.name, example=x)), x)
+        free = LayeredProblem(self.energy(read_graph(model, AFFINE, self.name, example=x)), x)
         output = free.forward_state()[1][free.depth]   # the output width, and a forward pass that is reused
         return self._clamped(free, one_hot(labels, output.shape[1], x.dtype))
 
     def clamped_backward(self, model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> StepInfo:
         """Clamp the output to ``target``, infer and accumulate ``.grad`` (``extras``: steps, ``hidden``)."""
-        return self._clamped(LayeredProblem(self.energy(model_chain(model, AFFINE, self.name, example=x)), x), target)
+        return self._clamped(LayeredProblem(self.energy(read_graph(model, AFFINE, self.name, example=x)), x), target)
 
     def _clamped(self, free: LayeredProblem, target: torch.Tensor) -> StepInfo:
         energy, B, L = free.energy, free.batch, free.depth

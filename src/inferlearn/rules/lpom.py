@@ -10,7 +10,7 @@ layer by (docs/maths.md §B, taxonomy row "LPOM, lifted Fenchel nets")::
 Fenchel–Young gap). For the box units of this library ``φ = Π_C`` (ReLU, hard sigmoid, hard tanh,
 ReLU6, linear), ``f = ι_C`` and ``g(a) = ∫_0^a (Π_C(s) − s) ds = −½ dist(a, C)²`` (for ``0 ∈ C``;
 :func:`integral_potential`), which is the engine's ``fenchel`` term
-(:class:`~inferlearn.engine.layered.LayeredEnergy`). Per sample, with a linear output layer and the
+(:class:`~inferlearn.engine.problems.LayeredEnergy`). Per sample, with a linear output layer and the
 quadratic loss, LPOM minimises over the activations ``z_1 … z_L`` and the weights::
 
     J(W, z) = ½‖z_L − y‖² + μ Σ_{k=1}^{L} h_k(z_k, a_k),   a_k = A_k(z_{k−1}) = W_{k−1} z_{k−1} + b_{k−1},  z_0 = x
@@ -27,7 +27,7 @@ and LPOM updates the activations **block by block** (here top-down, from the for
   a contraction when ``‖A_{k+1}‖² < 1`` (``φ`` is 1-Lipschitz). Beyond that the update is damped to
   ``z_k ← Π_C( (1−t) z_k + t (a_k − A_{k+1}ᵀ(φ(a_{k+1}) − z_{k+1})) )`` with ``t = 1/‖A_{k+1}‖²``, the
   projected-gradient step on the same subproblem, which converges for every ``W``
-  (:meth:`~inferlearn.engine.layered.LayeredProblem.block_step`, ``t = 1`` is LPOM's update).
+  (:meth:`~inferlearn.engine.problems.LayeredProblem.block_step`, ``t = 1`` is LPOM's update).
 
 The weights minimise ``J`` at the fixed activations, layer by layer; the rule gives the gradient
 (``∇g = φ − id``, so the ``g`` term turns the regression residual into ``φ(a_k) − z_k``)::
@@ -51,11 +51,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.chain import AFFINE, Chain, model_chain
-from ..engine.layered import LayeredEnergy, LayeredProblem, operator_norm_sq
+from ..engine.graph import AFFINE, Graph, read_graph
+from ..engine.problems import LayeredEnergy, LayeredProblem, operator_norm_sq
 from ..engine.solvers import EQUILIBRIUM_SWEEPS, SolveInfo, finish, fixed_steps_verdict, residual_floor, warn_far
 from ..losses import one_hot, quadratic_loss
-from ..units import UnitSet
+from ..units import Box
 from .base import Rule, StepInfo, check_positive, register_rule
 
 
@@ -68,7 +68,7 @@ MU_LIMIT = 1e8
 FAR_RTOL = 0.2
 
 
-def integral_potential(units: UnitSet | None, a: torch.Tensor) -> torch.Tensor:
+def integral_potential(units: Box | None, a: torch.Tensor) -> torch.Tensor:
     """``g(a) = ∫_0^a (φ(s) − s) ds`` element-wise for ``φ = Π_C``: ``−½ dist(a, C)²`` (exact for ``0 ∈ C``;
     otherwise up to a constant). ``None`` (a linear unit) gives 0."""
     if units is None or units.is_linear:
@@ -76,7 +76,7 @@ def integral_potential(units: UnitSet | None, a: torch.Tensor) -> torch.Tensor:
     return -0.5 * (units.project(a) - a).pow(2)
 
 
-def lpom_penalty(units: UnitSet | None, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+def lpom_penalty(units: Box | None, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """Per-row ``h(z, a) = f(z) + g(a) + ½‖z − a‖²`` for a feasible ``z ∈ C`` (``f = ι_C`` is 0 there)."""
     return (integral_potential(units, a) + 0.5 * (z - a).pow(2)).flatten(1).sum(1)
 
@@ -131,7 +131,7 @@ class LPOM(Rule):
         """:data:`~inferlearn.engine.solvers.EQUILIBRIUM_SWEEPS` block sweeps, no early stop."""
         return {"sweeps": max(self.sweeps, EQUILIBRIUM_SWEEPS), "tol": None}
 
-    def energy(self, chain: Chain) -> LayeredEnergy:
+    def energy(self, chain: Graph) -> LayeredEnergy:
         """``μ Σ_k h_k``: the engine's Fenchel–Young-gap terms (``h_k`` for box units), every weight ``μ``."""
         return LayeredEnergy(chain, "fenchel", [self.mu] * chain.depth)
 
@@ -206,7 +206,7 @@ class LPOM(Rule):
         return info
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
-        chain = model_chain(model, AFFINE, self.name, example=x)
+        chain = read_graph(model, AFFINE, self.name, example=x)
         B, L = x.shape[0], chain.depth
         free = LayeredProblem(self.energy(chain), x)
         output = free.forward_state()[1][L]

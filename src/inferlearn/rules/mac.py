@@ -46,8 +46,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..engine.chain import DIFFERENTIABLE, model_chain
-from ..engine.layered import LayeredProblem
+from ..engine.graph import DIFFERENTIABLE, read_graph
+from ..engine.problems import LayeredProblem
 from ..engine.solvers import EQUILIBRIUM_STEPS, GradientSteps
 from ..losses import one_hot, quadratic_loss
 from .base import Rule, StepInfo, check_positive, register_rule
@@ -223,7 +223,7 @@ class MAC(Rule):
 
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
                   index: torch.Tensor | None = None) -> StepInfo:
-        chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
+        chain = read_graph(model, DIFFERENTIABLE, self.name, example=x)
         B, L, mu = x.shape[0], chain.depth, self._mu
         free = LayeredProblem(penalty_energy(chain, 1.0 / mu), x)   # E_Q / μ: hidden terms 1, the loss 1/μ
         forward, pre = free.forward_state()

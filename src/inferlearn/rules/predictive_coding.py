@@ -1,7 +1,7 @@
 """Predictive coding: clamp the output, infer by ``T`` gradient steps on the penalty energy, read off the weights.
 
 Phase structure "one clamped phase" (docs/maths.md §B taxonomy). The penalty energy of the model's chain
-(:mod:`inferlearn.engine.layered`, kind ``penalty``)::
+(:mod:`inferlearn.engine.problems`, kind ``penalty``)::
 
     F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖y − f_L(a_L)‖²,   a_k = A_k(z_{k-1}),  z_L := y
 
@@ -36,9 +36,9 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from ..engine.chain import DIFFERENTIABLE, Chain, model_chain
+from ..engine.graph import DIFFERENTIABLE, Graph, read_graph
 from ..engine.fused import DensePlan, accumulate_dense_grads, dense_predictive_coding, pc_batch_stats, pc_constants
-from ..engine.layered import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
+from ..engine.problems import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
 from ..engine.phases import NUDGINGS, check_beta, nudged_phases
 from ..engine.solvers import EQUILIBRIUM_STEPS, GradientSteps, OptimizerSteps, residual_floor
 from ..errors import NonFiniteError
@@ -48,13 +48,13 @@ from .base import Rule, StepInfo, check_positive, register_rule
 from .energy_rule import check_engine
 
 
-def penalty_energy(chain: Chain, output_weight: float, output: str = "se") -> LayeredEnergy:
+def penalty_energy(chain: Graph, output_weight: float, output: str = "se") -> LayeredEnergy:
     """``F(z) = Σ_{k<L} ½‖z_k − f_k(a_k)‖² + (π/2)‖z_L − f_L(a_L)‖²``: hidden terms weight 1, the output ``π``
     (``output="ce"``: ``π CE(z_L, softmax(f_L(a_L)))`` at the top)."""
     return LayeredEnergy(chain, "penalty", [1.0] * (chain.depth - 1) + [output_weight], output=output)
 
 
-def check_inference_finite(name: str, chain: Chain, hidden, steps: int, step_size: float) -> None:
+def check_inference_finite(name: str, chain: Graph, hidden, steps: int, step_size: float) -> None:
     """Raise :class:`ConvergenceError` when gradient-step inference left non-finite value nodes or gradients."""
     grads = [p.grad for link in chain.links for p in link.parameters() if p.grad is not None]
     if not all_finite(list(hidden) + grads):
@@ -98,7 +98,7 @@ class PredictiveCoding(Rule):
             ``∇θF`` vanish. Hence the limit: at equilibrium, as ``β → 0`` the gradient is back-propagation's of
             ``ℓ`` (exactly, unlike the clamp's ``(I + WᵀW)^{-1}`` filtering), with error O(β) one-sided and
             O(β²) centred (equilibrium propagation on the penalty energy, Scellier & Bengio 2017). Generic engine
-            (:class:`~inferlearn.engine.layered.NudgedOutputProblem`).
+            (:class:`~inferlearn.engine.problems.NudgedOutputProblem`).
             ``"target"``: PCX's output value node (its benchmark code, ``models.py``): the output clamped to the
             target ``t = u₀ + β (y − u₀)`` between the forward pass's output ``u₀`` and the label, and the weight
             gradient ``∇θF(ẑ)/(Bπβ)``; ``β = 1`` is the clamp, ``0 < β < 1`` positive and ``−1 ≤ β < 0`` negative
@@ -165,9 +165,9 @@ class PredictiveCoding(Rule):
         if self.nudging == "clamp" and self.beta != default["beta"]:
             raise ValueError(f"Invalid beta: {self.beta} has no effect with nudging='clamp' (the output is clamped to "
                              "the label); add nudging=target, positive, negative or symmetric, or drop beta")
-        if self.inference_optimizer not in ("sgd", *OptimizerSteps.OPTIMIZERS):
+        if self.inference_optimizer not in ("sgd", *OptimizerSteps.INFERENCE_OPTIMIZERS):
             raise ValueError(f"Invalid inference_optimizer: {self.inference_optimizer!r}; choose one of "
-                             f"{['sgd', *OptimizerSteps.OPTIMIZERS]}")
+                             f"{['sgd', *OptimizerSteps.INFERENCE_OPTIMIZERS]}")
         if self.inference_optimizer != "sgd" and self.engine == "fused":
             raise ValueError(f"Invalid engine: 'fused' (inference_optimizer={self.inference_optimizer!r} runs on the "
                              "generic engine; use engine='auto')")
@@ -240,7 +240,7 @@ class PredictiveCoding(Rule):
         """``(value nodes, SolveInfo)`` of the inference on a state problem (the generic engine's; ePC overrides it)."""
         return self._solver.solve(problem)
 
-    def energy(self, chain: Chain) -> LayeredEnergy:
+    def energy(self, chain: Graph) -> LayeredEnergy:
         """The penalty energy of a chain (hidden terms weight 1, the output term ``π``)."""
         return penalty_energy(chain, self.output_weight, self.output)
 
@@ -283,7 +283,7 @@ class PredictiveCoding(Rule):
         return DensePlan(chain, "pc", (lin, bounds, self.steps, self.step_size, self.output_weight, self.output),
                          finish=lambda stats: self._fused_finish(chain, stats))
 
-    def _fused_finish(self, chain: Chain, stats: list[float]) -> float:
+    def _fused_finish(self, chain: Graph, stats: list[float]) -> float:
         """The verdict, warnings and finiteness check of a whole-batch call from its statistics (``stats``:
         :func:`~inferlearn.engine.fused.pc_batch_stats`' input); returns the batch's loss."""
         move, first, layers, floor, (loss, total) = pc_batch_stats(stats, chain.depth - 1, self.step_size,
@@ -295,7 +295,7 @@ class PredictiveCoding(Rule):
         return loss
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
-        chain = model_chain(model, DIFFERENTIABLE, self.name, example=x)
+        chain = read_graph(model, DIFFERENTIABLE, self.name, example=x)
         fused = (chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd"
                  and self.nudging == "clamp" and self.weight_step is None)
         if self.engine == "fused" and not fused:
@@ -328,7 +328,7 @@ class PredictiveCoding(Rule):
         loss = summary[0] if summary is not None else float(quadratic_loss(output, target))
         return StepInfo(loss=loss, output=output.detach(), extras=extras)
 
-    def _nudged(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+    def _nudged(self, chain: Graph, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         """Nudged predictive coding: the output a free value node, the nudged phases stacked into one solve."""
         B, L = x.shape[0], chain.depth
         if L == 1:
@@ -350,7 +350,7 @@ class PredictiveCoding(Rule):
                   "solver_residual": info.residual, "converged": info.converged, "far": info.far}
         return StepInfo(loss=float(quadratic_loss(output, y)), output=output.detach(), extras=extras)
 
-    def _incremental(self, chain: Chain, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
+    def _incremental(self, chain: Graph, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         """iPC on working weights (see ``weight_step``): ``.grad += S_T``, the parameters restored to ``θ_0``."""
         B, L, eta, alpha = x.shape[0], chain.depth, self.step_size, self.weight_step
         energy = self.energy(chain)

@@ -31,8 +31,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .compiled import CompiledStep
-from .layered import BatchProblem, LayeredProblem, NudgedOutputProblem, cross_entropy_gradient
+from ..compiled import CompiledStep
+from .layered import LayeredProblem
+from .layered_energy import cross_entropy_gradient
+from .nudged import NudgedOutputProblem
+from .protocol import BatchProblem
 
 
 def _states_of(links, x: torch.Tensor, p1: torch.Tensor, errors: Sequence[torch.Tensor], n: int):

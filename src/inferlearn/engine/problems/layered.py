@@ -1,35 +1,6 @@
-"""Layered energies on any chain (conv nets included): one energy abstraction from per-layer terms.
-
-For a :class:`~inferlearn.engine.chain.Chain` ``x → A_1 → C_1 → … → A_L`` with pre-activations
-``a_k = A_k(z_{k-1})`` and term weights ``w_k``, the energy is ``E(z) = Σ_k w_k T_k(z_k, a_k)`` with one of
-three per-layer terms (:data:`KINDS`)::
-
-    lifted    T_k = ½‖z_k − a_k‖²,                        z_k ∈ C_k       (lifted / contrastive / EqProp)
-    penalty   T_k = ½‖z_k − f_k(a_k)‖²,                   z_k free        (predictive coding)
-    fenchel   T_k = ½‖z_k − a_k‖² − ½‖Π_{C_k}(a_k) − a_k‖², z_k ∈ C_k       (Fenchel–Young gap, lifted Fenchel)
-
-(the ``fenchel`` term is ``G(z_k) + G*(a_k) − z_kᵀa_k ≥ 0`` for the box unit's potential ``G``, zero
-exactly at ``z_k = Π(a_k)``). The output ``z_L`` of a row is *clamped* (``z_L := y``), *free* (a
-variable; for the lifted term it is eliminated, ``z_L = a_L``) or *nudged* (free plus ``β gᵀz_L``, so
-``z_L = a_L − βg/w_L``), as in the dense :class:`~inferlearn.engine.dense.LiftedProblem`.
-
-What the engine needs from each layer map is its forward and, for the lifted and Fenchel terms
-whose maps are affine, the adjoint ``A_kᵀ`` of its linear part: autograd's vector–Jacobian product
-(exact for affine maps, at any point), with an analytic fast path ``rW`` for ``nn.Linear``. The
-block gradient of hidden layer ``k`` is::
-
-    ∂E/∂z_k = w_k (z_k − a_k) − w_{k+1} A_{k+1}ᵀ r_{k+1},   r_{k+1} = z_{k+1} − a_{k+1}  (lifted)
-                                                          r_{k+1} = z_{k+1} − Π(a_{k+1}) (fenchel)
-
-The ``penalty`` term (any differentiable map and activation) is differentiated by autograd as a
-whole. Weight gradients come from the energy at the minimiser (envelope theorem): the terms are
-re-evaluated at the fixed ``z*`` with the parameters in the graph and back-propagated
-(:meth:`LayeredProblem.accumulate_weight_grads`), so conv layers need no gradient code of their own.
-
-References:
-    Zach & Estellers (2019), Eqs. 2, 7 and 9; Zach, "Bilevel programs meet deep learning", Table 1;
-    Whittington & Bogacz (2017) (predictive coding); Gu et al. (2020) (Fenchel lifted networks).
-"""
+"""One batch of inference problems on a :class:`~inferlearn.engine.problems.layered_energy.LayeredEnergy` (any
+graph the engine reads): the forward start, the energy, its gradients and block steps, and the weight gradients
+at the minimiser (envelope theorem)."""
 from __future__ import annotations
 
 import math
@@ -37,215 +8,12 @@ from collections.abc import Sequence
 
 import torch
 
-from ..tensors import accumulate_grad
-from .chain import Chain, Link, is_affine
-from .compiled import CompiledStep
-
-KINDS = ("lifted", "penalty", "fenchel")
-#: output terms of the penalty energy: squared error ``½‖z_L − f_L(a_L)‖²`` or cross-entropy ``CE(z_L, softmax(f_L(a_L)))``
-OUTPUTS = ("se", "ce")
-
-
-class LayeredEnergy:
-    """``E(z) = Σ_k w_k T_k(z_k, A_k(z_{k-1}))`` over a chain, with the term ``kind``.
-
-    Args:
-        chain: the model's chain.
-        kind: ``"lifted"``, ``"penalty"`` or ``"fenchel"``.
-        term_weights: ``[w_1, …, w_L]`` (positive).
-        output: the output term of the ``penalty`` kind (:data:`OUTPUTS`): ``"se"``, the squared error
-            ``½‖z_L − f_L(a_L)‖²``, or ``"ce"``, the cross-entropy ``−Σ_j z_{L,j} log softmax(f_L(a_L))_j`` of the
-            clamped target ``z_L`` (PCX's classification energy), whose error sent down is ``z_L − softmax(a_L)``.
-    """
-
-    def __init__(self, chain: Chain, kind: str, term_weights: Sequence[float], output: str = "se"):
-        if kind not in KINDS:
-            raise ValueError(f"Unknown energy kind {kind!r}; choose one of {list(KINDS)}")
-        if output not in OUTPUTS or (output != "se" and kind != "penalty"):
-            raise ValueError(f"Invalid output: {output!r} (choose one of {list(OUTPUTS)}; 'ce' needs the penalty kind)")
-        self.output = output
-        if len(term_weights) != chain.depth or not all(math.isfinite(w) and w > 0 for w in term_weights):
-            raise ValueError(f"Need {chain.depth} positive term weights, got {list(term_weights)}")
-        self.chain, self.kind = chain, kind
-        self.term_weights = [0.0] + [float(w) for w in term_weights]   # index k = 1 … L
-
-    @classmethod
-    def lifted(cls, chain: Chain, gamma: float, kind: str = "lifted") -> "LayeredEnergy":
-        """Term weights ``w_k = γ^{ℓ_k − 1}`` (the lifted paper's feedback weight ``γ``), ``ℓ_k`` the longest path
-        from the input to node ``k`` (:attr:`Chain.levels`; ``ℓ_k = k`` on a chain), so that every edge
-        ``j → k`` has a feedback ratio ``w_k / w_j ≤ γ``."""
-        return cls(chain, kind, [gamma ** (chain.levels[k] - 1) for k in range(1, chain.depth + 1)])
-
-    @property
-    def depth(self) -> int:
-        return self.chain.depth
-
-    def link(self, k: int) -> Link:
-        return self.chain.links[k - 1]
-
-    def feedback(self, k: int, child: int | None = None) -> float:
-        """``ρ = w_c / w_k`` for the edge from node ``k`` to node ``c = child`` (default ``k + 1``: a chain's ``ρ_k``)."""
-        return self.term_weights[k + 1 if child is None else child] / self.term_weights[k]
-
-    def pre(self, k: int, zs: Sequence[torch.Tensor]) -> torch.Tensor:
-        """``a_k = Σ_{e into k} A_e(z_{source(e)})`` from the values ``zs = [x, z_1, …]`` (at least up to ``k − 1``)."""
-        return self.chain.links[k - 1].pre(zs)
-
-    def out_edges(self, k: int):
-        """The ``(child, edge)`` pairs reading node ``k``."""
-        return self.chain.children[k]
-
-    def term(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """Per-row ``T_k(z_k, a_k)`` (unweighted)."""
-        link = self.link(k)
-        if self.output == "ce" and k == self.depth:
-            return -(z * torch.log_softmax(link.act(a).flatten(1), dim=1)).sum(1)
-        if self.kind == "penalty":
-            d = z - link.act(a)
-        else:
-            d = z - a
-        v = 0.5 * d.pow(2).flatten(1).sum(1)
-        if self.kind == "fenchel" and k < self.depth:
-            v = v - 0.5 * (link.units.project(a) - a).pow(2).flatten(1).sum(1)
-        return v
-
-    def error(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """``r_k = −∂T_k/∂a_k``, the error sent down through ``A_kᵀ`` (box units or a linear output)::
-
-            lifted  z − a      fenchel  z − Π(a)      penalty  (z − f(a)) ⊙ f'(a)
-
-        (the linear output's ``z − a``, or ``z − softmax(a) Σ_j z_j`` with the cross-entropy output term: ``z − softmax(a)``
-        for a target that sums to 1, such as a one-hot label; PCX's interpolated targets need not).
-        """
-        if k == self.depth:
-            return cross_entropy_gradient(a, z).neg_() if self.output == "ce" else z - a
-        units = self.link(k).units
-        if self.kind == "lifted":
-            return z - a
-        if self.kind == "fenchel":
-            return z - units.project(a)
-        eps = z - units.project(a)
-        return eps if units.is_linear else eps.masked_fill(units.engaged(a), 0.0)
-
-    def project(self, k: int, z: torch.Tensor) -> torch.Tensor:
-        """``Π_{C_k}`` for hidden layer ``k`` (the identity for the unconstrained penalty variables)."""
-        if self.kind == "penalty":
-            return z
-        return self.link(k).units.project(z)
-
-
-def cross_entropy_gradient(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``∂/∂p (−Σ_j t_j log softmax(p)_j) = softmax(p) Σ_j t_j − t`` per row (a new tensor)."""
-    return torch.softmax(logits, dim=1).mul_(target.sum(1, keepdim=True)).sub_(target)
-
-
-class _Adjoint:
-    """``v ↦ Aᵀ v`` for the linear part of an affine edge map (a :class:`~inferlearn.engine.chain.Edge`, or a
-    chain's one-edge link), at a fixed batch shape.
-
-    ``nn.Linear`` uses ``v W``, the identity (a skip connection) ``v``; any other map autograd's
-    vector–Jacobian product on a graph built once (at zero input) and reused (``retain_graph``), which
-    for an affine map is the adjoint.
-    """
-
-    def __init__(self, edge, z_shape: torch.Size, dtype: torch.dtype, device: torch.device):
-        self.linear = edge.linear if not any(isinstance(m, torch.nn.Flatten) for m in edge.maps) else None
-        self.identity = not edge.maps
-        self.edge, self.z_shape = edge, z_shape
-        if self.linear is None and not self.identity:
-            with torch.enable_grad():
-                self._p = torch.zeros(z_shape, dtype=dtype, device=device, requires_grad=True)
-                self._out = edge.map(self._p)
-
-    def __call__(self, v: torch.Tensor) -> torch.Tensor:
-        if self.linear is not None:
-            return v.mm(self.linear.weight.detach())
-        if self.identity:
-            return v
-        return torch.autograd.grad(self._out, self._p, v, retain_graph=True)[0]
-
-    def add_to(self, base: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
-        """``base + α Aᵀv`` (one ``addmm`` for ``nn.Linear``)."""
-        if self.linear is not None:
-            return torch.addmm(base, v, self.linear.weight.detach(), alpha=alpha)
-        return base.add(self(v), alpha=alpha)
-
-    def add_to_(self, base: torch.Tensor, v: torch.Tensor, alpha: float) -> torch.Tensor:
-        """``base += α Aᵀv`` in place."""
-        if self.linear is not None:
-            return base.addmm_(v, self.linear.weight.detach(), alpha=alpha)
-        return base.add_(self(v), alpha=alpha)
-
-
-def gram_norm_bound(W: torch.Tensor, squarings: int = 4) -> float:
-    """An upper bound ``U`` of ``λ_max(WᵀW) = ‖W‖₂²`` from repeated squaring of the smaller Gram matrix ``G``::
-
-        λ_max = ‖G^m‖₂^{1/m} ≤ ‖G^m‖_F^{1/m} = U ≤ n^{1/(2m)} λ_max,   m = 2^squarings (16)
-
-    (``n`` the Gram matrix's size: ``U ≤ 1.14 λ_max`` for ``n = 64``; on the MNIST MLP at initialisation ``U`` is
-    within 0.5 % of ``λ_max`` for the layers above the first, which the solver uses, and 1.8 % for the
-    first, as the top eigenvalue dominates ``G^16``). ``G`` is divided by its trace first, so the
-    powers stay in float64's range. Five small matrix products: about 40 % of the time of the symmetric eigen-solve
-    it replaces, which cost more than back-propagation's whole step on the MLP. Returns ``inf`` for
-    non-finite weights and 0 for zero weights. A pure function of ``W``.
-    """
-    W = W.detach().to(torch.float64)
-    G = W.t() @ W if W.shape[0] >= W.shape[1] else W @ W.t()
-    tr = G.trace()            # ≥ λ_max
-    P = G / tr
-    for _ in range(squarings):
-        P = P @ P
-    u = float(tr * P.norm() ** (0.5 ** squarings))
-    if math.isfinite(u):
-        return u
-    t = float(tr)
-    return 0.0 if t == 0.0 else math.inf
-
-
-def operator_norm_sq(link, z_shape: Sequence[int], dtype: torch.dtype, device: torch.device,
-                     iters: int = 30) -> float:
-    """``λ_max(AᵀA) = ‖A‖₂²`` of the linear part of an affine map (an edge, or a chain's one-edge link) on
-    inputs of shape ``z_shape`` (one row).
-
-    ``nn.Linear``: :func:`gram_norm_bound` (an upper bound within a few per cent); the identity: 1. Other maps: ``iters``
-    power iterations ``v ← Aᵀ(A v − A 0)`` through the map's forward and autograd's adjoint, from a fixed
-    start (deterministic; a lower bound that approaches ``λ_max``; callers add a safety factor).
-    """
-    with torch.no_grad():
-        lin = link.linear
-        if lin is not None:
-            return gram_norm_bound(lin.weight)
-        if not link.maps:
-            return 1.0
-        shape = (1, *z_shape)
-        adj = _Adjoint(link, torch.Size(shape), dtype, device)
-        a0 = adj._out.detach()
-        v = torch.ones(shape, dtype=dtype, device=device)
-        v.view(-1)[1::2] = -0.5
-        v = v / v.norm()
-        lam = 0.0
-        for _ in range(iters):
-            w = adj(link.map(v) - a0)
-            lam = float((v * w).sum())
-            n = w.norm()
-            if not bool(torch.isfinite(n)) or float(n) == 0.0:
-                break
-            v = w / n
-        return lam
-
-
-class BatchProblem:
-    """What every inference problem answers: its batch size (rows) and depth ``L`` (a mixin)."""
-
-    x: torch.Tensor
-
-    @property
-    def batch(self) -> int:
-        return self.x.shape[0]
-
-    @property
-    def depth(self) -> int:
-        return self.energy.depth
+from ...tensors import accumulate_grad
+from ..solvers.lifted_sweep import LIFTED_SWEEP, plain_bounds
+from ..graph import is_affine
+from .layered_energy import Adjoint, LayeredEnergy, cross_entropy_gradient, operator_norm_sq, version_key
+from .penalty import PC_GRAPH_STEP, penalty_gradients, pre_float64
+from .protocol import BatchProblem
 
 
 class LayeredProblem(BatchProblem):
@@ -274,12 +42,12 @@ class LayeredProblem(BatchProblem):
             raise ValueError("Clamped rows need a target")
         with torch.no_grad():
             self.a1 = energy.pre(1, [x]) if a1 is None else a1
-        self._free_res = None
+        self.free_shift = None
         if nudge is not None and beta != 0:
             r = (-beta / energy.term_weights[energy.depth]) * nudge
             if self.n_clamped:
                 r = r * self._row_mask(~clamped, r)
-            self._free_res = r
+            self.free_shift = r
         self.nudge, self.beta = nudge, beta
         self._fwd = self._p1 = None
 
@@ -289,7 +57,7 @@ class LayeredProblem(BatchProblem):
 
     def output(self, a_top: torch.Tensor) -> torch.Tensor:
         """``z_L`` given ``a_L``: the target on clamped rows, ``a_L`` (plus the nudge shift) on free rows."""
-        free = a_top if self._free_res is None else a_top + self._free_res
+        free = a_top if self.free_shift is None else a_top + self.free_shift
         if self.n_clamped == 0:
             return free
         if self.n_clamped == self.batch:
@@ -339,15 +107,15 @@ class LayeredProblem(BatchProblem):
         if capture is not None:   # gradient_step asked for the hidden terms' sums (the prediction errors' norms)
             capture.extend(t.detach().sum() for t in terms[:-1])
         v = sum(w * t for w, t in zip(e.term_weights[1:], terms))
-        if self._free_res is not None:
+        if self.free_shift is not None:
             g = self.nudge * (1.0 if self.n_clamped == 0 else self._row_mask(~self.clamped, self.nudge))
             v = v + self.beta * (g * zs[-1]).flatten(1).sum(1)
         return v
 
-    def adjoints(self, hidden: Sequence[torch.Tensor]) -> list[tuple[tuple[int, _Adjoint], ...] | None]:
+    def adjoints(self, hidden: Sequence[torch.Tensor]) -> list[tuple[tuple[int, Adjoint], ...] | None]:
         """``outs[k]``: the ``(child c, A_eᵀ)`` pairs of the edges ``e`` reading hidden node ``k`` (``k = 1 … L−1``;
         on a chain the one pair ``(k + 1, A_{k+1}ᵀ)``), for the batch's hidden shapes."""
-        return [None] + [tuple((c, _Adjoint(edge, z.shape, z.dtype, z.device)) for c, edge in self.energy.out_edges(k))
+        return [None] + [tuple((c, Adjoint(edge, z.shape, z.dtype, z.device)) for c, edge in self.energy.out_edges(k))
                          for k, z in enumerate(hidden, start=1)]
 
     def down(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor], c: int) -> torch.Tensor:
@@ -361,7 +129,7 @@ class LayeredProblem(BatchProblem):
         return self.output(a_top) - a_top
 
     def block_step(self, k: int, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor],
-                   outs: Sequence[tuple[int, _Adjoint]], t: float, units=None) -> torch.Tensor:
+                   outs: Sequence[tuple[int, Adjoint]], t: float, units=None) -> torch.Tensor:
         """One projected-gradient step on hidden node ``k`` (lifted and Fenchel terms), step ``t`` in units of
         ``∂E/∂z_k / w_k`` (a new tensor; ``outs``: the pairs :meth:`adjoints` gives for ``k``; ``units`` = the node's box, looked up
         when not given)::
@@ -383,6 +151,97 @@ class LayeredProblem(BatchProblem):
         lo, hi = units.clamp_bounds(new)
         return new if lo is None and hi is None else new.clamp_(min=lo, max=hi)   # a fresh tensor: in place
 
+    #: no dense Hessian to polish with: the reference solver sweeps to a tight tolerance in float64 instead
+    dense_hessian = False
+
+    def feeds_only_output(self, k: int) -> bool:
+        """Whether every edge out of hidden node ``k`` reads into the output node."""
+        return all(c == self.depth for c, _ in self.energy.out_edges(k))
+
+    def block_curvature(self, k: int, hidden: Sequence[torch.Tensor]) -> float:
+        """``λ_max(A_{k+1}ᵀA_{k+1})`` for the block step sizes (on a graph the bound ``Σ_c ρ_{kc} (Σ_{e: k→c} ‖A_e‖₂)²`` of
+        the block's scaled curvature over its children ``c``, divided by ``ρ_k``), for the shapes of ``hidden``.
+
+        Remembered on the energy (:attr:`LayeredEnergy.curvature_cache`) for the parameters' current versions: EqProp
+        solves its free and nudged phases on one energy, and the second solve reuses the first one's bounds (for a
+        conv net, 30 power iterations per layer); an optimiser step bumps the versions, so no stale value is reused.
+        """
+        e, z = self.energy, hidden[k - 1]
+        cache, shape = e.curvature_cache, (tuple(z.shape[1:]), z.dtype, z.device)
+        if e.chain.is_chain:
+            link = e.link(k + 1)
+            key = (k, *shape, version_key(link))
+            if key not in cache:
+                cache[key] = operator_norm_sq(link, z.shape[1:], z.dtype, z.device)
+            return cache[key]
+        total = 0.0
+        for c in sorted({c for c, _ in e.out_edges(k)}):
+            if c == self.depth and self.n_clamped == 0:
+                continue   # a free output is eliminated: its term is constant in z_k
+            norm = 0.0
+            for cc, edge in e.out_edges(k):
+                if cc == c:
+                    key = (id(edge), *shape, version_key(edge))
+                    if key not in cache:
+                        cache[key] = operator_norm_sq(edge, z.shape[1:], z.dtype, z.device)
+                    norm += math.sqrt(max(cache[key], 0.0))
+            total += e.feedback(k, c) * norm ** 2
+        return total / e.feedback(k)
+
+    def block_sweeps(self, hidden: list[torch.Tensor], pre: list, steps: Sequence[float]):
+        """``(sweep, result)`` of the block projected-gradient sweeps (:meth:`block_step` on every hidden node in
+        turn, each child's pre-activation refreshed after it); on a chain whose maps above the first are lone
+        ``nn.Linear`` layers, the compiled kernel :data:`~inferlearn.engine.solvers.lifted_sweep.LIFTED_SWEEP`."""
+        e, L, t = self.energy, self.depth, list(steps)
+        if LIFTED_SWEEP.active(self.x.device) and e.chain.is_chain and all(
+                e.link(k).lone_linear for k in range(2, L + 1)) and all(h.dim() == 2 for h in hidden):
+            return self._linear_sweeps(hidden, pre, t)
+        adj = self.adjoints(hidden)
+        units = [e.link(k).units for k in range(1, L)]
+        links = e.chain.links
+        children = [None] + [sorted({c for c, _ in e.out_edges(k)}) for k in range(1, L)]
+        zs = [self.x, *hidden]
+        chain = e.chain.is_chain
+
+        def sweep(check: bool) -> list[torch.Tensor]:
+            moves = []
+            for k in range(1, L):
+                z = hidden[k - 1]
+                new = self.block_step(k, hidden, pre, adj[k], t[k - 1], units[k - 1])
+                if check:
+                    moves.append((new - z).abs_().max() / t[k - 1])
+                hidden[k - 1] = zs[k] = new
+                if chain:
+                    pre[k + 1] = links[k].edges[0].map(new)
+                    continue
+                for c in children[k]:   # the children's pre-activations, fresh for the next blocks
+                    pre[c] = links[c - 1].pre(zs)
+            return moves
+
+        return sweep, lambda: hidden
+
+    def _linear_sweeps(self, hidden: list[torch.Tensor], pre: list, t: list[float]):
+        """The compiled sweep on a chain whose maps above the first are lone ``nn.Linear`` layers."""
+        e, L = self.energy, self.depth
+        lins = [e.link(k).maps[0] for k in range(2, L + 1)]
+        Ws = [None] + [lin.weight.detach() for lin in lins]       # Ws[k]: z_k → a_{k+1}
+        bs = [None] + [None if lin.bias is None else lin.bias.detach() for lin in lins]
+        Wts = [None] + [W.t() for W in Ws[1:]]
+        bounds = tuple(plain_bounds(e.link(k).units, hidden[k - 1]) for k in range(1, L))
+        mask = self.clamped.reshape(-1, 1) if 0 < self.n_clamped < self.batch else None
+        top = ("layered", self.n_clamped == 0, self.target if self.n_clamped else None, mask, self.free_shift)
+        dev, dt = self.x.device, self.x.dtype
+        tt = torch.tensor(t, dtype=dt, device=dev)
+        alpha = tt * torch.tensor([e.feedback(k) for k in range(1, L)], dtype=dt, device=dev)
+        state = {"h": list(hidden), "a": list(pre[1:])}
+
+        def sweep(check: bool):
+            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, Wts, bs, tt, alpha, e.kind, bounds, top, True)
+            state["h"], state["a"] = h, a
+            return [move] if check else []
+
+        return sweep, lambda: state["h"]
+
     def gradients(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``[∂E/∂z_1, …, ∂E/∂z_{L-1}]``.
 
@@ -401,7 +260,7 @@ class LayeredProblem(BatchProblem):
 
     def _vjp_form(self) -> bool:
         """Whether :meth:`_penalty_gradients` applies: the penalty energy with every row clamped, no nudge."""
-        return self.energy.kind == "penalty" and self._free_res is None and self.n_clamped == self.batch
+        return self.energy.kind == "penalty" and self.free_shift is None and self.n_clamped == self.batch
 
     def _first_prediction(self) -> torch.Tensor:
         """``f_1(a_1)``, which no value node changes (computed once per batch)."""
@@ -610,7 +469,7 @@ class LayeredProblem(BatchProblem):
                 # of a conv layer; in float32 that difference drowns in rounding (measured: conv-layer
                 # cosine with back-propagation ≈ 0 in float32, 0.998 in float64: benchmarks/results/
                 # conv_rules_at_0ba1548 and conv_alignment.md).
-                a, leaves = _pre_float64(link, zs)
+                a, leaves = pre_float64(link, zs)
                 t = e.term(k, zs[k].double(), a)
                 c = coef.double() if torch.is_tensor(coef) else coef
                 part = s * ((t * c).sum() if torch.is_tensor(c) else c * t.sum())
@@ -622,148 +481,3 @@ class LayeredProblem(BatchProblem):
             kept = [(p, d) for p, d in zip(preds, cotangents) if p.requires_grad]
             if kept:
                 torch.autograd.backward([p for p, _ in kept], [d for _, d in kept])
-
-
-def penalty_gradients(links: Sequence[Link], x: torch.Tensor, p1: torch.Tensor, target: torch.Tensor,
-                      hidden: list[torch.Tensor], weights: tuple[float, ...], output: str, errors: bool
-                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """``∂E/∂z_k`` of the penalty energy with a clamped output, for any maps (conv, pooling, a graph's sums), by
-    one vector–Jacobian product through the predictions instead of autograd of the energy's value::
-
-        ∂E/∂z_k = w_k ε_k + Σ_{c reads k} J_{p_c}(z_k)ᵀ g_c,   ε_k = z_k − p_k,  p_c = f_c(a_c(z)),
-        g_c = −w_c ε_c (hidden c),  g_L = w_L ∂T_L/∂p_L at the clamped target ``t``: ``p_L − t`` (squared error)
-        or ``softmax(p_L) Σ_j t_j − t`` (``output="ce"``)
-
-    The same gradient as autograd of the energy's value (the squared terms' backward is done by hand:
-    ``∂½‖z − p‖²/∂p = −ε``), without building and differentiating the terms, and in the value nodes' own memory
-    layout. A pure function of tensors and constants (``links``: the graph's nodes, ``p1 = f_1(a_1)``, which no
-    value node changes; ``weights``: ``w_0 … w_L``), so that :data:`PC_GRAPH_STEP` can compile it. Returns the
-    gradients and, with ``errors``, the norms ``‖ε_k‖`` (0-d tensors; else an empty list)."""
-    L = len(links)
-    with torch.enable_grad():
-        hs = [h.detach().requires_grad_(True) for h in hidden]
-        zs = [x, *hs]
-        preds = [links[k - 1].act(links[k - 1].pre(zs)) for k in range(2, L + 1)]
-    own = [hidden[0] - p1] + [z - p.detach() for z, p in zip(hidden[1:], preds)]
-    norms = list(torch._foreach_norm(own)) if errors and len(hidden) == L - 1 else []
-    sent = [own[c - 1].mul(-weights[c]) for c in range(2, len(hidden) + 1)]
-    if len(hidden) == L - 1:
-        p_top = preds[-1].detach()
-        d_top = cross_entropy_gradient(p_top, target) if output == "ce" else p_top - target
-        sent.append(d_top.mul_(weights[L]))
-    back = torch.autograd.grad(preds, hs, sent, allow_unused=True)
-    grads = [d.mul(weights[k]) if b is None else b.add_(d, alpha=weights[k])
-             for k, (d, b) in enumerate(zip(own, back), start=1)]
-    return grads, norms
-
-
-def _penalty_step(links: Sequence[Link], x: torch.Tensor, p1: torch.Tensor, target: torch.Tensor,
-                  hidden: list[torch.Tensor], eta: float, weights: tuple[float, ...], output: str, errors: bool
-                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """One simultaneous step ``z_k ← z_k − η ∂E/∂z_k`` of the clamped penalty energy on any graph
-    (:func:`penalty_gradients`; the penalty variables are unconstrained): the new value nodes and the norms."""
-    grads, norms = penalty_gradients(links, x, p1, target, hidden, weights, output, errors)
-    return [z.sub(g, alpha=eta) for z, g in zip(hidden, grads)], norms
-
-
-#: ``auto`` compiles a graph's predictive-coding step on CPU for runs of at least this many mini-batches, and
-#: keeps it where it measures faster than eager on the step's first calls: compiled, the step took 0.54 and 0.62
-#: of eager's time on the conv net and ResNet-20 but 1.06 on VGG-5, for 16-23 s of compiling
-#: (``benchmarks/bench_graph_compile.py``)
-GRAPH_AUTO_CPU_MIN_BATCHES = 500
-#: Predictive coding's value-node step on a graph (conv nets, residual networks, any model the engine reads) as one
-#: compiled call: forward predictions, their vector–Jacobian product (traced into the graph) and the update.
-#: Used by :meth:`LayeredProblem.gradient_step` for the clamped penalty energy of every model but dense chains (whose
-#: closed-form and whole-batch paths are faster), when compilation is active for it.
-PC_GRAPH_STEP = CompiledStep(_penalty_step, "the predictive-coding step of a graph",
-                             auto_cpu_min_batches=GRAPH_AUTO_CPU_MIN_BATCHES, autograd=True, measure=True)
-
-
-def _pre_float64(link: Link, zs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """``a_k = Σ_e A_e(z_{source(e)})`` in float64 through float64 copies of the maps' parameters (and buffers).
-
-    Returns the output and the ``(parameter, float64 leaf)`` pairs of the trainable parameters.
-    """
-    leaves, a = [], None
-    for edge in link.edges:
-        z = zs[edge.source].double()
-        for m in edge.maps:
-            state = {n: b.double() if b.is_floating_point() else b for n, b in m.named_buffers()}
-            for n, p in m.named_parameters():
-                q = p.detach().double().requires_grad_(p.requires_grad)
-                state[n] = q
-                if p.requires_grad:
-                    leaves.append((p, q))
-            z = torch.func.functional_call(m, state, (z,))
-        a = z if a is None else a + z
-    return a, leaves
-
-
-class NudgedOutputProblem(LayeredProblem):
-    """A penalty-energy problem whose output ``z_L`` is a free value node nudged by the loss (nudged predictive
-    coding): the variables are ``[z_1, …, z_{L-1}, z_L]`` (the output last) and the per-row energy is::
-
-        F_s(z) = Σ_{k≤L} w_k ½‖z_k − f_k(a_k)‖² + s β ℓ(z_L),   ℓ = ½‖z_L − y‖² ("se") or CE(y, softmax(z_L)) ("ce")
-
-    with a sign ``s`` per row (``+1``, ``−1``, or 0 for the free phase), so stacked rows solve several nudged
-    phases at once. Without the nudge the minimum is the forward pass (every term zero). Gradients of the value
-    nodes come from autograd of :meth:`value` (no closed form), and the weight gradient of the energy
-    (:meth:`~LayeredProblem.accumulate_weight_grads`) leaves the nudge out (it does not depend on the parameters).
-
-    Args:
-        energy: a ``penalty`` energy with the squared-error output term.
-        x: inputs (rows).
-        target: ``y`` per row.
-        signs: ``s`` per row ``(rows,)``.
-        beta: ``β > 0``.
-        loss: ``"se"`` or ``"ce"``.
-        a1: ``A_1(x)`` if already computed.
-    """
-
-    def __init__(self, energy: LayeredEnergy, x: torch.Tensor, target: torch.Tensor, signs: torch.Tensor,
-                 beta: float, loss: str = "se", a1: torch.Tensor | None = None):
-        if energy.kind != "penalty" or energy.output != "se" or loss not in OUTPUTS:
-            raise ValueError("A nudged output needs the penalty energy with the squared-error output term, and a loss "
-                             f"in {list(OUTPUTS)}")
-        super().__init__(energy, x, a1=a1)
-        self.nudge_target, self.signs, self.nudge_beta, self.loss = target, signs, float(beta), loss
-
-    @torch.no_grad()
-    def forward_state(self):
-        """The forward pass with the output node at ``a_L``: ``([z_1, …, z_{L-1}, a_L], pre)``."""
-        if self._fwd is None:
-            hidden, pre = super().forward_state()
-            self._fwd = ([*hidden, pre[self.depth]], pre)
-        return self._fwd
-
-    def full(self, hidden, pre=None):
-        return [self.x, *hidden]
-
-    def _closed_form(self) -> bool:
-        return False
-
-    def _vjp_form(self) -> bool:
-        return True
-
-    def _penalty_gradients(self, hidden, errors=None):
-        """:meth:`LayeredProblem._penalty_gradients` with the free output node's own term and its nudge
-        ``s β ∂ℓ/∂z_L`` (``z_L − y``, or ``softmax(z_L) Σ_j y_j − y``) added to the last gradient."""
-        grads = super()._penalty_gradients(hidden, errors)
-        z, y = hidden[-1], self.nudge_target
-        d = z - y if self.loss == "se" else cross_entropy_gradient(z, y)
-        s = (self.nudge_beta * self.signs.to(z.dtype)).reshape(-1, *([1] * (z.dim() - 1)))
-        grads[-1].addcmul_(s, d)
-        return grads
-
-    def value(self, hidden, fresh_a1=None):
-        """Per-row ``F_s`` (differentiable in the value nodes and, in grad mode, the parameters)."""
-        e, z = self.energy, hidden[-1]
-        pre = self.pre_of(hidden, torch.is_grad_enabled() if fresh_a1 is None else fresh_a1)
-        zs = self.full(hidden)
-        v = sum(e.term_weights[k] * e.term(k, zs[k], pre[k]) for k in range(1, self.depth + 1))
-        y = self.nudge_target
-        if self.loss == "se":
-            ell = 0.5 * (z - y).pow(2).flatten(1).sum(1)
-        else:
-            ell = -(y * torch.log_softmax(z.flatten(1), dim=1)).sum(1)
-        return v + (self.nudge_beta * self.signs.to(v.dtype)) * ell

@@ -1,7 +1,7 @@
-"""Reading any ``nn.Module`` as a graph of layer maps and units: ``torch.fx`` tracing and the graph protocol.
+"""Reading any ``nn.Module`` as a graph of layer maps and units by ``torch.fx`` tracing.
 
 A model whose forward is not a plain sequence (a residual block ``relu(f(x) + x)``, a concatenation of
-branches) is read into the same :class:`~inferlearn.engine.chain.Chain` of nodes as a chain, with a
+branches) is read into the same :class:`~inferlearn.engine.graph.types.Graph` of nodes as a chain, with a
 node's pre-activation the **sum** of its incoming maps::
 
     a_k = Σ_{e into k} A_e(z_{source(e)}),    z_k = f_k(a_k)
@@ -12,7 +12,7 @@ by :func:`trace_graph`, which follows the operations ``torch.fx.symbolic_trace``
   activation module, or ``F.relu``/``torch.relu``/``torch.tanh``/... as functions) makes a node: the value
   node (lifted variable) sits after it, as on a chain;
 * a **layer map** (``Linear``, ``Conv``, pooling, ``Flatten``, normalisation, a module declared with
-  :func:`~inferlearn.engine.chain.declare_affine` or :func:`declare_map`) extends the edge it reads;
+  :func:`~inferlearn.engine.graph.types.declare_affine` or :func:`~inferlearn.engine.graph.types.declare_map`) extends the edge it reads;
 * ``+`` and ``-`` sum edges; multiplying or dividing by a number, ``torch.cat`` (zero-padding each part
   into its slot), slicing ``x[:, i:j]``, ``flatten``/``view``/``reshape`` of the non-batch dimensions and
   average pooling/means are linear maps, applied to every edge of a sum (they have no bias);
@@ -21,7 +21,8 @@ by :func:`trace_graph`, which follows the operations ``torch.fx.symbolic_trace``
 
 Anything else (data-dependent control flow, a tensor attribute used directly, an unknown operation)
 is refused in one line naming the node and the fix. What fx cannot trace can still be given by the
-**graph protocol**: a method ``inferlearn_graph(self)`` returning :class:`Node` objects in topological
+**graph protocol** (:mod:`~inferlearn.engine.graph.protocol`): a method ``inferlearn_graph(self)`` returning
+:class:`~inferlearn.engine.graph.protocol.NodeSpec` objects in topological
 order (node ``i`` is the ``i``-th, 1-based; source 0 is the input; the last node is the output).
 
 References:
@@ -33,40 +34,13 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ..units import units_of_module
-from .chain import (ACTIVATION_TYPES, NORM_TYPES, SMOOTH_TYPES, Chain, Edge, Link, check_module, check_single_use,
-                    is_affine)
-
-
-def declare_map(module: nn.Module) -> nn.Module:
-    """Declare a module of yours one layer map (a single edge of the graph, not traced into): e.g. a
-    residual branch ``a W φ(·)`` whose inner activation should not get a value node of its own (μPC's
-    residual networks). The module must be differentiable; it is not affine unless also declared with
-    :func:`~inferlearn.engine.chain.declare_affine`. Returns the module (``TypeError`` for anything else)."""
-    check_module(module, "declare_map")
-    module.inferlearn_map = True
-    return module
-
-
-@dataclass
-class Node:
-    """One node of the graph protocol (``inferlearn_graph()``).
-
-    Attributes:
-        inputs: ``(source, maps)`` pairs: the node's pre-activation is the sum over pairs of ``maps``
-            (a module, a sequence of modules applied in order, or ``()`` for the identity) applied to the
-            value of node ``source`` (0 = the input, ``i`` = the ``i``-th node, 1-based).
-        unit: the activation after the sum (``None``: a linear node, e.g. the output).
-    """
-
-    inputs: Sequence[tuple[int, nn.Module | Sequence[nn.Module]]]
-    unit: nn.Module | None = None
+from ...units import units_of_module
+from .types import is_activation, Edge, Node, check_graph, check_single_use, is_map
 
 
 class Scale(nn.Module):
@@ -179,7 +153,7 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         if getattr(m, "inferlearn_map", False) or getattr(m, "inferlearn_affine", False):
             return True
-        if units_of_module(m) is not None or isinstance(m, ACTIVATION_TYPES):
+        if is_activation(m):
             return True
         return super().is_leaf_module(m, qualname)
 
@@ -196,16 +170,12 @@ def _is_linear(m: nn.Module) -> bool:
     return False
 
 
-def _is_map(m: nn.Module) -> bool:
-    return getattr(m, "inferlearn_map", False) or is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES)
-
-
 class _Reader:
     """Walks a traced graph, keeping each tensor as a sum of edges ``[(source, maps, names), …]``."""
 
     def __init__(self, model: nn.Module, gm: fx.GraphModule, shapes: dict):
         self.model, self.gm, self.shapes = model, gm, shapes
-        self.links: list[Link] = []
+        self.links: list[Node] = []
         self.env: dict = {}
         self.calls: list[tuple[str, nn.Module]] = []   # every module call, in order
         self.who = type(model).__name__
@@ -216,7 +186,7 @@ class _Reader:
     def new_node(self, expr: list, activation: nn.Module | None) -> list:
         units = units_of_module(activation) if activation is not None else None
         edges = tuple(Edge(s, tuple(maps), tuple(names)) for s, maps, names in expr)
-        self.links.append(Link(edges, activation, units))
+        self.links.append(Node(edges, activation, units))
         return [(len(self.links), (), ())]
 
     def materialise(self, expr: list) -> list:
@@ -236,7 +206,7 @@ class _Reader:
         self.refuse(node, "takes an input that is not a tensor computed from the model's input",
                     "wrap constants in a module (or use an inferlearn_graph() method)")
 
-    def read(self) -> list[Link]:
+    def read(self) -> list[Node]:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != 1:
             raise ValueError(f"Cannot read {self.who} as a graph: its forward takes {len(placeholders)} inputs "
@@ -269,9 +239,9 @@ class _Reader:
             return x
         if getattr(m, "inferlearn_map", False) or getattr(m, "inferlearn_affine", False):
             return self.apply(x, m, node.target)
-        if units_of_module(m) is not None or isinstance(m, ACTIVATION_TYPES):
+        if is_activation(m):
             return self.new_node(x, m)
-        if _is_map(m):
+        if is_map(m):
             return self.apply(x, m, node.target)
         self.refuse(node, f"is a {type(m).__name__}, neither a layer map nor a unit the engine knows",
                     "use Linear, Conv, pooling, Flatten, normalisation and element-wise activations, or declare "
@@ -373,7 +343,7 @@ class _Reader:
             rest = list(shape[1:])
         return self.apply(x, Reshape(rest), node.name)
 
-    def finish(self, out: fx.Node) -> list[Link]:
+    def finish(self, out: fx.Node) -> list[Node]:
         res = out.args[0]
         if not isinstance(res, fx.Node) or not isinstance(self.env.get(res), list):
             raise ValueError(f"Cannot read {self.who} as a graph: its forward must return one tensor computed "
@@ -398,30 +368,7 @@ def _describe(node: fx.Node) -> str:
     return f"{node.op.replace('_', ' ')} {getattr(t, '__name__', t)}"
 
 
-def check_graph(model: nn.Module, links: Sequence[Link]) -> None:
-    """Raise ``ValueError`` unless ``links`` is a DAG in topological order whose only sink is the last node."""
-    who = type(model).__name__
-    if not links:
-        raise ValueError(f"{who} has no layers")
-    used = [False] * (len(links) + 1)
-    for k, link in enumerate(links, start=1):
-        if not link.edges:
-            raise ValueError(f"{who}: node {k} has no inputs")
-        for e in link.edges:
-            if not (isinstance(e.source, int) and 0 <= e.source < k):
-                raise ValueError(f"{who}: node {k} reads node {e.source}, which does not come before it "
-                                 "(nodes must be in topological order; 0 is the input)")
-            used[e.source] = True
-    for k in range(1, len(links)):
-        if not used[k]:
-            name = links[k - 1].names[-1] if links[k - 1].names else f"node {k}"
-            raise ValueError(f"{who}: the value after {name!r} (node {k}) is not used on the way to the output; "
-                             "remove the dead branch")
-    if not used[0]:
-        raise ValueError(f"{who}: no node reads the model's input")
-
-
-def trace_graph(model: nn.Module, example: torch.Tensor | None = None) -> tuple[list[Link], bool]:
+def trace_graph(model: nn.Module, example: torch.Tensor | None = None) -> tuple[list[Node], bool]:
     """The nodes of ``model`` read by ``torch.fx`` (module docstring), and whether they depend on the input's
     shape (a concatenation: ``example``, one input batch, gives the sizes of its parts).
 
@@ -461,40 +408,3 @@ def _shapes(gm: fx.GraphModule, x: torch.Tensor) -> dict:
     except Exception:   # a wrong input width: the rule's own forward pass reports it
         return {}
     return shapes
-
-
-def protocol_graph(model: nn.Module) -> list[Link]:
-    """The nodes of a model with an ``inferlearn_graph()`` method (:class:`Node` objects)."""
-    items = list(model.inferlearn_graph())
-    who = type(model).__name__
-    named = {id(m): n for n, m in model.named_modules()}
-    links = []
-    for k, item in enumerate(items, start=1):
-        if not isinstance(item, Node):
-            raise TypeError(f"{who}.inferlearn_graph() must return inferlearn.Node objects (item {k} is "
-                            f"{type(item).__name__})")
-        edges = []
-        for pair in item.inputs:
-            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-                raise TypeError(f"{who}.inferlearn_graph(): node {k}'s inputs must be (source, maps) pairs")
-            source, maps = pair
-            maps = (maps,) if isinstance(maps, nn.Module) else tuple(maps)
-            if not all(isinstance(m, nn.Module) for m in maps):
-                raise TypeError(f"{who}.inferlearn_graph(): node {k}'s maps must be nn.Module objects")
-            for m in maps:
-                if not _is_map(m) and not isinstance(m, nn.Identity):
-                    raise ValueError(f"{who}.inferlearn_graph(): node {k} uses {type(m).__name__} as a map; maps are "
-                                     "Linear, Conv, pooling, Flatten, normalisation, or modules declared with "
-                                     "inferlearn.declare_affine / inferlearn.declare_map")
-            names = tuple(named.get(id(m), f"inferlearn_graph()[{k - 1}]") for m in maps)
-            edges.append(Edge(source, maps, names))
-        unit = item.unit
-        if unit is not None and not (units_of_module(unit) is not None or isinstance(unit, ACTIVATION_TYPES)):
-            raise ValueError(f"{who}.inferlearn_graph(): node {k}'s unit {type(unit).__name__} is not an activation")
-        links.append(Link(tuple(edges), unit, units_of_module(unit) if unit is not None else None))
-    check_graph(model, links)
-    return links
-
-
-def as_chain(model: nn.Module, links: Sequence[Link]) -> Chain:
-    return Chain(model, links, [m for link in links for m in link.maps])

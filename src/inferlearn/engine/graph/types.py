@@ -1,27 +1,13 @@
-"""Layered models as the engine sees them: a chain ``x → A_1 → C_1 → A_2 → C_2 → … → A_L``.
+"""The graph types the engine reads a model into: :class:`Graph` of :class:`Node` objects joined by :class:`Edge` maps.
 
-Every energy method needs the same thing from a model: layer maps ``A_k`` (affine for the lifted,
-contrastive and EqProp energies; any differentiable map for predictive coding) and, after each,
-a unit ``C_k`` (a box projection for lifted energies, any element-wise activation for predictive
-coding). :func:`model_chain` reads it off
-
-* an ``nn.Sequential`` (nested ones are flattened) of layer maps, each optionally followed by a unit;
-* any ``nn.Module`` that exposes its chain through the **chain protocol**: a method
-  ``inferlearn_chain(self) -> Sequence[nn.Module]`` returning the modules in the order ``forward``
-  applies them (the library's :class:`~inferlearn.models.MLP` does this);
-
-and caches it per model. Consecutive maps without a unit between them form one layer map (e.g.
-``AvgPool2d → Conv2d`` or ``Flatten → Linear``), so hidden variables ``z_k`` live exactly after the
-units. A unit module is ``nn.ReLU``, ``nn.ReLU6``, ``nn.Hardtanh`` (``nn.Hardtanh(0, 1)`` is the
-hard sigmoid), ``nn.Identity`` (a linear unit) or :class:`~inferlearn.units.Clamp`; other
-element-wise activations (``nn.Sigmoid``, ``nn.Tanh``, ``nn.Hardsigmoid``, ``nn.LeakyReLU``, ...) are
-activations but not box units.
-
-Affine maps: ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.AvgPool1d/2d/3d``, ``nn.AdaptiveAvgPool1d/2d``,
-``nn.Flatten``, ``nn.Unflatten``, batch normalisation in eval mode, and any module declared affine
-with :func:`declare_affine`. Differentiable (non-affine) maps: max pooling, layer/group
-normalisation, batch normalisation in eval mode. Anything else is refused by :func:`model_chain`
-with a message naming the module and the reason.
+A node's pre-activation is the sum of its incoming maps, ``a_k = Σ_e A_e(z_{source(e)})``, and its value is
+``z_k = f_k(a_k)``; a chain is the graph whose node ``k`` reads node ``k − 1`` only. What the readers
+(:mod:`~inferlearn.engine.graph.sequential`, :mod:`~inferlearn.engine.graph.tracing`,
+:mod:`~inferlearn.engine.graph.protocol`) accept as a map or a unit is decided here: affine maps
+(``nn.Linear``, ``nn.Conv1d/2d/3d``, average pooling, ``nn.Flatten``, ``nn.Unflatten``, batch normalisation in
+eval mode, and any module declared with :func:`declare_affine`), differentiable maps (max pooling, layer/group
+normalisation, modules declared with :func:`declare_map`), box units (``nn.ReLU``, ``nn.ReLU6``, ``nn.Hardtanh``,
+``nn.Identity``, :class:`~inferlearn.units.Clamp`) and other element-wise activations.
 
 References:
     Zach & Estellers (2019), Sec. 3 (layered energies); Zach, "Bilevel programs meet deep learning",
@@ -30,14 +16,13 @@ References:
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..units import UnitSet, units_of_module
+from ...units import Box, units_of_module
 
 AFFINE_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
                 nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Unflatten)
@@ -49,6 +34,12 @@ ACTIVATION_TYPES = (nn.Sigmoid, nn.Tanh, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU, n
 
 AFFINE = "affine"               # what the lifted, contrastive, EqProp and lifted-Fenchel energies need
 DIFFERENTIABLE = "differentiable"   # what predictive coding needs
+
+
+def is_activation(m: nn.Module) -> bool:
+    """Whether ``m`` is an element-wise activation module: a box unit (:func:`~inferlearn.units.units_of_module`) or one
+    of :data:`ACTIVATION_TYPES`. The one test of the library (the graph readers, block-ADMM's splits)."""
+    return units_of_module(m) is not None or isinstance(m, ACTIVATION_TYPES)
 
 
 def declare_affine(module: nn.Module) -> nn.Module:
@@ -79,50 +70,19 @@ def is_affine(m: nn.Module) -> bool:
     return isinstance(m, AFFINE_TYPES)
 
 
-def _leaves(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
-    """The modules of a chain in order, with their dotted paths (Sequentials and protocols expanded)."""
-    protocol = _chain_protocol(module)
-    if callable(protocol):
-        items = list(protocol())
-        if not all(isinstance(m, nn.Module) for m in items):
-            raise TypeError(f"{type(module).__name__}.inferlearn_chain() must return nn.Module objects")
-        named = {id(m): n for n, m in module.named_modules()}
-        out = []
-        for i, m in enumerate(items):
-            sub = named.get(id(m), f"inferlearn_chain()[{i}]")
-            out += _leaves(m, f"{path}.{sub}" if path else sub) if m is not module else [(path, m)]
-        return out
-    if isinstance(module, nn.Sequential):
-        out = []
-        for name, m in module._modules.items():   # every use (named_children() skips a repeated module)
-            out += _leaves(m, f"{path}.{name}" if path else name)
-        return out
-    return [(path or type(module).__name__, module)]
+def declare_map(module: nn.Module) -> nn.Module:
+    """Declare a module of yours one layer map (a single edge of the graph, not traced into): e.g. a
+    residual branch ``a W φ(·)`` whose inner activation should not get a value node of its own (μPC's
+    residual networks). The module must be differentiable; it is not affine unless also declared with
+    :func:`~inferlearn.engine.chain.declare_affine`. Returns the module (``TypeError`` for anything else)."""
+    check_module(module, "declare_map")
+    module.inferlearn_map = True
+    return module
 
 
-def _chain_protocol(module: nn.Module):
-    """``module.inferlearn_chain`` or ``None``, looked up on the class first: a plain ``getattr`` that misses on an
-    ``nn.Module`` goes through its ``__getattr__`` and an exception, once per leaf on every rule call."""
-    if getattr(type(module), "inferlearn_chain", None) is not None or "inferlearn_chain" in module.__dict__:
-        return getattr(module, "inferlearn_chain")
-    return None
-
-
-def _leaf_ids(module: nn.Module) -> list:
-    """``[id(m) for _, m in _leaves(module, "")]`` without the paths (no ``named_modules`` walk): the cache check
-    that runs on every rule call."""
-    protocol = _chain_protocol(module)
-    if callable(protocol):
-        out = []
-        for m in protocol():
-            out += [id(m)] if m is module or not isinstance(m, nn.Module) else _leaf_ids(m)
-        return out
-    if isinstance(module, nn.Sequential):
-        out = []
-        for m in module._modules.values():
-            out += _leaf_ids(m)
-        return out
-    return [id(module)]
+def is_map(m: nn.Module) -> bool:
+    """Whether ``m`` is a layer map the engine reads (affine, differentiable, or declared with :func:`declare_map`)."""
+    return getattr(m, "inferlearn_map", False) or is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES)
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,12 +110,12 @@ class Edge:
         return None
 
     @functools.cached_property
-    def _lone_linear(self) -> bool:
+    def lone_linear(self) -> bool:
         return len(self.maps) == 1 and type(self.maps[0]) is nn.Linear
 
     def map(self, z: torch.Tensor) -> torch.Tensor:
         """``A(z)`` (one ``addmm`` for a lone ``nn.Linear`` on a matrix: no module dispatch)."""
-        if self._lone_linear and z.dim() == 2:
+        if self.lone_linear and z.dim() == 2:
             params = self.maps[0]._parameters   # the module's own dict: skips nn.Module.__getattr__
             w, b = params["weight"], params["bias"]
             return torch.addmm(b, z, w.t()) if b is not None else z.mm(w.t())
@@ -169,7 +129,7 @@ class Edge:
 
 
 @dataclass(frozen=True, eq=False)
-class Link:
+class Node:
     """One node of a model's graph: the pre-activation ``a_k = Σ_e A_e(z_{source(e)})`` (the sum of its
     incoming edges) and the unit after it, ``z_k = f_k(a_k)``.
 
@@ -184,11 +144,11 @@ class Link:
 
     edges: tuple[Edge, ...]
     activation: nn.Module | None
-    units: UnitSet | None
+    units: Box | None
 
     @classmethod
-    def of_chain(cls, source: int, maps: Sequence[nn.Module], activation: nn.Module | None, units: UnitSet | None,
-                 names: Sequence[str]) -> "Link":
+    def of_chain(cls, source: int, maps: Sequence[nn.Module], activation: nn.Module | None, units: Box | None,
+                 names: Sequence[str]) -> "Node":
         """The link of a chain: one edge from ``source`` (the node before)."""
         return cls((Edge(source, tuple(maps), tuple(names)),), activation, units)
 
@@ -216,13 +176,13 @@ class Link:
         return self.edges[0].linear if len(self.edges) == 1 else None
 
     @functools.cached_property
-    def _lone_linear(self) -> bool:
-        return len(self.edges) == 1 and self.edges[0]._lone_linear
+    def lone_linear(self) -> bool:
+        return len(self.edges) == 1 and self.edges[0].lone_linear
 
     def map(self, z: torch.Tensor) -> torch.Tensor:
         """``a_k = A_k(z)`` of a one-edge node (a chain's link)."""
         if len(self.edges) != 1:
-            raise TypeError("Link.map needs a node with one incoming edge; use Link.pre for graph nodes")
+            raise TypeError("Node.map needs a node with one incoming edge; use Node.pre for graph nodes")
         return self.edges[0].map(z)
 
     def pre(self, zs: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -248,8 +208,8 @@ class Link:
                     yield p
 
 
-class Chain:
-    """A model read as a directed acyclic graph of :class:`Link` nodes (build with :func:`model_chain`).
+class Graph:
+    """A model read as a directed acyclic graph of :class:`Node` nodes (build with :func:`read_graph`).
 
     Nodes ``1 … L`` are in topological order (every edge reads an earlier node or the input, node 0);
     node ``L`` is the output and every other node feeds at least one later node. A chain is the case
@@ -258,17 +218,19 @@ class Chain:
     Attributes:
         links: ``L`` nodes; hidden variables sit at nodes ``1 … L−1``, the output at node ``L``.
         model: the model it was read from.
+        modules: every module of the nodes' maps (and, for a chain, its units), in the order read.
     """
 
-    def __init__(self, model: nn.Module, links: Sequence[Link], modules: Sequence[nn.Module]):
-        self.model, self.links, self._modules = model, tuple(links), tuple(modules)
+    def __init__(self, model: nn.Module, links: Sequence[Node], modules: Sequence[nn.Module]):
+        self.model, self.links, self.modules = model, tuple(links), tuple(modules)
+        self.read_key: tuple | None = None   # set by the reader: how the graph was read, to tell whether it is current
 
     @property
     def depth(self) -> int:
         """The number of nodes ``L`` (a chain's number of layers)."""
         return len(self.links)
 
-    def prime(self) -> "Chain":
+    def prime(self) -> "Graph":
         """Compute every cached property of the chain, its nodes and its edges now: a function that
         ``torch.compile`` traces reads them, and dynamo cannot trace the lock of a first computation."""
         if not self.__dict__.get("_primed"):
@@ -358,86 +320,6 @@ class Chain:
                              f"{type(self.links[-1].activation).__name__}; remove the final activation")
 
 
-def _parse(model: nn.Module) -> Chain:
-    leaves = _leaves(model, "")
-    if not leaves:
-        raise ValueError(f"{type(model).__name__} has no layers")
-    check_single_use(leaves)
-    links: list[Link] = []
-    maps: list[nn.Module] = []
-    names: list[str] = []
-    for name, m in leaves:
-        units = units_of_module(m)
-        if units is not None or isinstance(m, ACTIVATION_TYPES):
-            if not maps:
-                where = "starts the model" if not links else f"follows another activation ({links[-1].names[-1]!r})"
-                raise ValueError(f"Activation {name!r} ({type(m).__name__}) {where}; a chain alternates layer maps "
-                                 "and units (x → map → unit → map → … → map)")
-            links.append(Link.of_chain(len(links), maps, m, units, names))
-            maps, names = [], []
-        elif is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES):
-            maps.append(m)
-            names.append(name)
-        else:
-            if any(True for _ in m.children()) or m is model:
-                raise _NotAChain(name)   # a composite module (a residual block, ...): read the model as a graph
-            raise ValueError(f"Module {name!r} ({type(m).__name__}) is neither a layer map nor a unit the engine "
-                             "knows. Supported: Linear, Conv, AvgPool, MaxPool, Flatten, normalisation layers and "
-                             "element-wise activations; expose your model's chain with an inferlearn_chain() method, "
-                             "or declare an affine module with inferlearn.declare_affine")
-    if maps:
-        links.append(Link.of_chain(len(links), maps, None, None, names))
-    return Chain(model, links, [m for _, m in leaves])
-
-
-class _NotAChain(Exception):
-    """The chain reader met a module it cannot read as a map or unit: read the model by tracing instead."""
-
-
-def _is_chain_leaf(m: nn.Module) -> bool:
-    return units_of_module(m) is not None or isinstance(m, ACTIVATION_TYPES) or is_affine(m) or isinstance(
-        m, SMOOTH_TYPES + NORM_TYPES)
-
-
-def _read(model: nn.Module, example: torch.Tensor | None) -> Chain:
-    """A :class:`Chain` by the graph protocol, the chain reader (``nn.Sequential``, ``inferlearn_chain()``, one
-    layer) or, for any other module, ``torch.fx`` tracing (:mod:`inferlearn.engine.graph_reader`)."""
-    from . import graph_reader
-
-    if callable(getattr(model, "inferlearn_graph", None)):
-        chain = graph_reader.as_chain(model, graph_reader.protocol_graph(model))
-        chain._key = ("graph", tuple(id(m) for m in chain._modules), None)
-        return chain
-    if callable(getattr(model, "inferlearn_chain", None)) or isinstance(model, nn.Sequential) or _is_chain_leaf(model):
-        try:
-            chain = _parse(model)
-            chain._key = ("chain", None, None)
-            return chain
-        except _NotAChain:
-            pass
-    links, shaped = graph_reader.trace_graph(model, example)
-    chain = graph_reader.as_chain(model, links)
-    chain._key = ("traced", tuple(id(m) for m in model.modules()),
-                  tuple(example.shape[1:]) if shaped and example is not None else None)
-    return chain
-
-
-def _current(chain: Chain, model: nn.Module, example: torch.Tensor | None) -> bool:
-    """Whether a cached reading still describes ``model`` (same modules; same input shape where it matters)."""
-    kind, ids, shape = chain._key
-    if kind == "chain":
-        return [id(m) for m in chain._modules] == _leaf_ids(model)
-    if kind == "graph":
-        return callable(getattr(model, "inferlearn_graph", None)) and ids == tuple(
-            id(m) for m in chain._modules)
-    if ids != tuple(id(m) for m in model.modules()):
-        return False
-    return shape is None or example is None or shape == tuple(example.shape[1:])
-
-
-_CACHE: "weakref.WeakKeyDictionary[nn.Module, Chain]" = weakref.WeakKeyDictionary()
-
-
 def check_single_use(calls) -> None:
     """Raise ``ValueError`` naming the first module with parameters that ``calls`` (``(name, module)`` pairs, one per
     call of the forward pass) holds twice: shared weights, whose uses would need a value node each but share one
@@ -453,41 +335,24 @@ def check_single_use(calls) -> None:
         seen[id(m)] = name
 
 
-def model_chain(model: nn.Module, need: str | None = None, rule: str = "this rule",
-                example: torch.Tensor | None = None) -> Chain:
-    """The graph of ``model`` (read once and cached per model), checked for what ``rule`` needs.
-
-    An ``nn.Sequential`` or a module with ``inferlearn_chain()`` is read as a chain, a module with
-    ``inferlearn_graph()`` by that protocol, any other module by ``torch.fx`` tracing
-    (:func:`~inferlearn.engine.graph_reader.trace_graph`).
-
-    Args:
-        need: :data:`AFFINE`, :data:`DIFFERENTIABLE` or ``None`` (no check).
-        rule: the rule's name, for messages.
-        example: an input batch (a traced model that concatenates needs its shape).
-
-    Raises:
-        ValueError: the model cannot be read, or a module is one ``rule`` cannot handle (the
-            message names the module and the reason).
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"Expected an nn.Module, got {type(model).__name__}")
-    chain = _CACHE.get(model)
-    if chain is None or not _current(chain, model, example):
-        chain = _read(model, example)
-        _CACHE[model] = chain
-    if need is not None:
-        chain.check_structure(need, rule)
-    return chain
-
-
-model_graph = model_chain
-
-
-def dense_chain(model: nn.Module) -> Chain | None:
-    """The chain of ``model`` when it is dense (:attr:`Chain.is_dense`), else ``None`` (also for non-chains)."""
-    try:
-        chain = model_chain(model)
-    except (ValueError, TypeError):
-        return None
-    return chain if chain.is_dense else None
+def check_graph(model: nn.Module, links: Sequence[Node]) -> None:
+    """Raise ``ValueError`` unless ``links`` is a DAG in topological order whose only sink is the last node."""
+    who = type(model).__name__
+    if not links:
+        raise ValueError(f"{who} has no layers")
+    used = [False] * (len(links) + 1)
+    for k, link in enumerate(links, start=1):
+        if not link.edges:
+            raise ValueError(f"{who}: node {k} has no inputs")
+        for e in link.edges:
+            if not (isinstance(e.source, int) and 0 <= e.source < k):
+                raise ValueError(f"{who}: node {k} reads node {e.source}, which does not come before it "
+                                 "(nodes must be in topological order; 0 is the input)")
+            used[e.source] = True
+    for k in range(1, len(links)):
+        if not used[k]:
+            name = links[k - 1].names[-1] if links[k - 1].names else f"node {k}"
+            raise ValueError(f"{who}: the value after {name!r} (node {k}) is not used on the way to the output; "
+                             "remove the dead branch")
+    if not used[0]:
+        raise ValueError(f"{who}: no node reads the model's input")

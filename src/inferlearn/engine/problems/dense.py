@@ -38,8 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..units import UnitSet, get_units
-from .layered import BatchProblem
+from ...units import Box, get_units
+from ..solvers.lifted_sweep import LIFTED_SWEEP, plain_bounds
+from .layered_energy import gram_lambda_max
+from .protocol import BatchProblem
 
 
 def check_gamma(gamma: float) -> float:
@@ -69,7 +71,7 @@ class LiftedEnergy:
     """
 
     def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None] | None,
-                 units: Sequence[str | UnitSet], gamma: float = 1 / 8, output_weight: float | None = None):
+                 units: Sequence[str | Box], gamma: float = 1 / 8, output_weight: float | None = None):
         self.gamma = check_gamma(gamma)
         if len(weights) < 1:
             raise ValueError("A lifted energy needs at least one weight matrix")
@@ -91,7 +93,9 @@ class LiftedEnergy:
         units = [get_units(u) for u in units]
         if len(units) != len(self.weights) - 1:
             raise ValueError(f"Got {len(units)} unit sets for {len(self.weights) - 1} hidden layers")
-        self.units: tuple[UnitSet, ...] = tuple(units)
+        self.units: tuple[Box, ...] = tuple(units)
+        #: ``λ_max(W_kᵀW_k)`` computed for the step sizes (:meth:`LiftedProblem.block_curvature`), by weight version
+        self.curvature_cache: dict = {}
         L = len(self.weights)
         # term_weights[k] = w_k multiplies ½‖z_k − a_k‖² (index 0 unused)
         self.term_weights = [0.0] + [self.gamma ** (k - 1) for k in range(1, L + 1)]
@@ -105,9 +109,9 @@ class LiftedEnergy:
                    dtype: torch.dtype | None = None) -> "LiftedEnergy":
         """Build the energy of a dense chain (an :class:`~inferlearn.models.MLP` or a plain ``nn.Sequential``
         of ``Linear`` layers and box units; weights detached, optionally cast)."""
-        from .chain import model_chain
+        from ..graph import read_graph
 
-        return cls.from_chain(model_chain(model), gamma, output_weight, dtype)
+        return cls.from_chain(read_graph(model), gamma, output_weight, dtype)
 
     @classmethod
     def from_chain(cls, chain, gamma: float = 1 / 8, output_weight: float | None = None,
@@ -316,21 +320,66 @@ class LiftedProblem(BatchProblem):
             free_res = (-self.beta / wL) * self.nudge.to(x.dtype)
             if self.n_clamped:
                 free_res = free_res * (~self.clamped).to(x.dtype).unsqueeze(1)
-        self._free_res = free_res
-        self._clamp_col = self.clamped.to(x.dtype).unsqueeze(1) if 0 < self.n_clamped < B else None
+        self.free_shift = free_res
+        self.clamp_column = self.clamped.to(x.dtype).unsqueeze(1) if 0 < self.n_clamped < B else None
         if self.a1 is None:
             self.a1 = e.pre(1, x)
 
     def top_residual(self, a_top: torch.Tensor) -> torch.Tensor | None:
         """``r_L = z_L − a_L`` given the output pre-activation (``None`` means zero everywhere)."""
         if self.n_clamped == 0:
-            return self._free_res
+            return self.free_shift
         r = self.target - a_top
-        if self._clamp_col is not None:
-            r = r * self._clamp_col
-        if self._free_res is not None:
-            r = r + self._free_res
+        if self.clamp_column is not None:
+            r = r * self.clamp_column
+        if self.free_shift is not None:
+            r = r + self.free_shift
         return r
+
+    #: the reference solver polishes with :meth:`LiftedEnergy.hessian`
+    dense_hessian = True
+
+    def feeds_only_output(self, k: int) -> bool:
+        """Whether hidden layer ``k`` is the last one (it feeds only the output)."""
+        return k == self.depth - 1
+
+    def block_curvature(self, k: int, hidden: Sequence[torch.Tensor] | None = None) -> float:
+        """``λ_max(W_kᵀW_k)`` (:func:`~inferlearn.engine.problems.layered_energy.gram_lambda_max`) for the block step
+        sizes, remembered on the energy for the weight's current version."""
+        W, cache = self.energy.weights[k], self.energy.curvature_cache
+        key = (k, W.data_ptr(), W._version, tuple(W.shape), W.dtype)
+        if key not in cache:
+            cache[key] = gram_lambda_max(W)
+        return cache[key]
+
+    def block_sweeps(self, hidden: list[torch.Tensor], pre: list, steps: Sequence[float]):
+        """``(sweep, result)`` of the block projected-gradient sweeps, each one
+        :data:`~inferlearn.engine.solvers.lifted_sweep.LIFTED_SWEEP` (compiled where it is active: the step sizes as
+        tensors, the step measured on every sweep); ``result()`` remembers the pre-activations of the point reached."""
+        e, L = self.energy, self.depth
+        t = list(steps)
+        alpha = [t[k - 1] * e.feedback(k) for k in range(1, L)]
+        bounds = tuple(plain_bounds(u, self.x) for u in e.units)
+        Ws, bs = e.weights, e.biases
+        Wts = [W.t() for W in Ws]
+        top = ("dense", self.n_clamped == 0, self.target if self.n_clamped else None, self.clamp_column, self.free_shift)
+        always = LIFTED_SWEEP.active(self.x.device)
+        if always:
+            t = torch.tensor(t, dtype=self.x.dtype, device=self.x.device)
+            alpha = t * torch.tensor([e.feedback(k) for k in range(1, L)], dtype=t.dtype, device=t.device)
+        state = {"h": hidden, "a": list(pre[1:])}
+
+        def sweep(check: bool):
+            h, a, move = LIFTED_SWEEP(state["h"], state["a"], Ws, Wts, bs, t, alpha, "lifted", bounds, top,
+                                      check or always)
+            state["h"], state["a"] = h, a
+            return [move] if check else []
+
+        def result() -> list[torch.Tensor]:
+            self.remember_pre(state["h"], [None] + state["a"])
+            return state["h"]
+
+        return sweep, result
 
     def remember_pre(self, hidden: Sequence[torch.Tensor], pre: Sequence[torch.Tensor | None]) -> None:
         """Cache the pre-activations ``pre[k] = a_k`` (k = 1 … L) of the point ``hidden`` (a solver's result)."""
@@ -349,10 +398,10 @@ class LiftedProblem(BatchProblem):
         if a is None:
             a = self.energy.pre(self.depth, z_top_hidden)
         if self.n_clamped == 0:
-            return a if self._free_res is None else a + self._free_res
-        if self._clamp_col is None:
+            return a if self.free_shift is None else a + self.free_shift
+        if self.clamp_column is None:
             return self.target   # exactly y, not a + (y − a)
-        free = a if self._free_res is None else a + self._free_res
+        free = a if self.free_shift is None else a + self.free_shift
         return torch.where(self.clamped.unsqueeze(1), self.target, free)
 
     def with_nudge(self, nudge: torch.Tensor) -> "LiftedProblem":
@@ -391,7 +440,7 @@ class LiftedProblem(BatchProblem):
         """Per-sample energy at ``hidden`` (with the output eliminated/clamped and the nudge term)."""
         zs = self.full(hidden)
         v = self.energy.value(zs)
-        if self._free_res is not None:
+        if self.free_shift is not None:
             # the linear nudge β gᵀ z_L of free rows
             g = self.nudge.to(zs[-1].dtype)
             if self.n_clamped:
