@@ -43,8 +43,8 @@ from pathlib import Path
 if "--warm-cache" not in sys.argv and "--child" not in sys.argv:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
 
-SRC = os.environ.get("BENCH_SRC") or str(Path(__file__).resolve().parents[1] / "src")
-sys.path.insert(0, SRC)
+if os.environ.get("BENCH_SRC"):   # the baseline's subprocess: import the other checkout, not the installed package
+    sys.path.insert(0, os.environ["BENCH_SRC"])
 
 import torch  # noqa: E402
 

@@ -22,9 +22,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from epoch_timing import RESULTS, environment, time_rules  # noqa: E402

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from epoch_timing import RESULTS, environment, markdown_table, time_rules  # noqa: E402

@@ -7,13 +7,11 @@ repeats and its ratio to back-propagation's median.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from inferlearn.training.config import TrainConfig  # noqa: E402
 from inferlearn.training.loop import build, epoch_metrics, run_epoch  # noqa: E402

@@ -173,3 +173,33 @@ def test_one_activation_registry():
 
     assert [type(m).__name__ for m in mlp("4-3-2", act="gelu")] == ["Flatten", "Linear", "GELU", "Linear"]
     assert "gelu" in ACTIVATIONS
+
+
+REPO = SRC.parent
+
+
+def _tracked(prefix: str) -> list[Path]:
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", prefix], cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0 or not out.stdout.strip():
+        pytest.skip("not a git checkout")
+    return [REPO / p for p in out.stdout.split() if (REPO / p).exists()]
+
+
+def test_committed_benchmark_results_stay_small():
+    size = sum(p.stat().st_size for p in _tracked("benchmarks/results"))
+    assert size <= 5e6, f"benchmarks/results holds {size / 1e6:.1f} MB (> 5 MB): commit tables and the pictures the docs embed"
+
+
+def test_every_results_table_names_the_command_that_makes_it():
+    made = re.compile(r"\binferlearn (?:train|compare|reproduce|benchmark|admm)\b|\b[A-Za-z0-9_/]+\.py\b")
+    nameless = [p.relative_to(REPO).as_posix() for p in _tracked("benchmarks/results")
+                if p.suffix == ".md" and not made.search(p.read_text())]
+    assert not nameless, f"results files that name no command: {nameless}"
+
+
+def test_benchmark_scripts_import_the_installed_package():
+    inserts = [p.relative_to(REPO).as_posix() for p in _tracked("benchmarks") if p.suffix == ".py"
+               and re.search(r"sys\.path\.insert\(0, str\([^)]*\"src\"\)", p.read_text())]
+    assert not inserts, f"scripts that put src/ on sys.path instead of importing the installed package: {inserts}"

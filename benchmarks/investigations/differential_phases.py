@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import copy
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 

@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import torch  # noqa: E402
 

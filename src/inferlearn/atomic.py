@@ -105,9 +105,21 @@ def write_text(text: str, path: str | os.PathLike) -> None:
     write_bytes(text.encode(), path)
 
 
+def format_json(obj, indent: int = 0) -> str:
+    """JSON with sorted keys, objects and lists of objects indented by two spaces, and lists of numbers, strings
+    and ``null`` on one line (a run's 50 epoch times read as one row, not 50 lines)."""
+    pad = " " * indent
+    if isinstance(obj, dict) and obj:
+        items = [f'{pad}  {json.dumps(str(k))}: {format_json(v, indent + 2)}' for k, v in sorted(obj.items())]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, (list, tuple)) and obj and any(isinstance(v, (dict, list, tuple)) for v in obj):
+        return "[\n" + ",\n".join(f"{pad}  {format_json(v, indent + 2)}" for v in obj) + f"\n{pad}]"
+    return json.dumps(obj, sort_keys=True)
+
+
 def write_json(obj, path: str | os.PathLike) -> None:
-    """Write JSON (indented, sorted keys) atomically."""
-    write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
+    """Write JSON (:func:`format_json`) atomically."""
+    write_text(format_json(obj) + "\n", path)
 
 
 def append_jsonl(record: dict, path: str | os.PathLike) -> None:

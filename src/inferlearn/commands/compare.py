@@ -1,6 +1,8 @@
 """``inferlearn compare``: train several rules from the same initial weights, print one table."""
 from __future__ import annotations
 
+import shlex
+
 from ..training.compare import compare_rules, parse_rule_options
 from ..training.config import TrainConfig
 from ..rules import RULES
@@ -43,8 +45,9 @@ def run(args) -> int:
                              f"(--rules {args.rules}); add {'it' if len(idle) == 1 else 'them'} to --rules or drop "
                              f"that {flag}")
     base = config_from_args(args)
+    command = "inferlearn " + shlex.join(getattr(args, "argv", None) or ["compare", "--rules", args.rules])
     compare_rules(base, rules, options, lrs, progress=not args.quiet,
-                  log=None if args.quiet else print, overwrite=args.overwrite)
+                  log=None if args.quiet else print, overwrite=args.overwrite, command=command)
     print((__import__("pathlib").Path(base.out) / "comparison.md").read_text())
     print(f"plots: {base.out}/curves.png")
     return 0

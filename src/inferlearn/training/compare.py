@@ -48,13 +48,14 @@ def parse_rule_options(items: list[str]) -> dict[str, dict]:
 
 def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] | None = None,
                   lrs: dict[str, float] | None = None, progress: bool = True, log=print,
-                  overwrite: bool = False) -> list[dict]:
+                  overwrite: bool = False, command: str | None = None) -> list[dict]:
     """Train each rule (back-propagation always included, as the reference) and write the results.
 
     Runs that exist in ``base.out`` are resumed (and extended to ``base.epochs``); ``overwrite`` starts
     every run afresh instead.
 
-    Writes ``<out>/<rule>/...`` run folders, ``<out>/comparison.md``, ``comparison.json`` and ``curves.png``.
+    Writes ``<out>/<rule>/...`` run folders, ``<out>/comparison.md`` (headed by ``command``, the command line
+    that makes it, when given), ``comparison.json`` and ``curves.png``.
 
     Returns:
         one row per rule with the table's columns.
@@ -90,7 +91,7 @@ def _compare(base: TrainConfig, rules: list[str], options: dict[str, dict], lrs:
     for row in rows:
         row["time_ratio"] = row["epoch_seconds"] / ref_time if ref_time > 0 else float("nan")
     write_json({"config": base.to_dict(), "rules": rows}, out / "comparison.json")
-    write_text(format_table(base, rows), out / "comparison.md")
+    write_text(format_table(base, rows, command), out / "comparison.md")
     plot_curves(histories, out / "curves.png", title=f"{base.data} {base.arch} {base.act}")
     return rows
 
@@ -108,8 +109,8 @@ def _row(cfg: TrainConfig, history: list[dict]) -> dict:
             "epoch_seconds": statistics.median(r["epoch_seconds"] for r in history), "alignment": align}
 
 
-def format_table(base: TrainConfig, rows: list[dict]) -> str:
-    """The comparison as a Markdown table, with the command-line settings above it."""
+def format_table(base: TrainConfig, rows: list[dict], command: str | None = None) -> str:
+    """The comparison as a Markdown table, with the command (if given) and its settings above it."""
     lr = f"lr {base.lr}" if base.lr is not None else "each rule's recommended lr"
     head = (f"Data `{base.data}`, architecture `{base.arch}`, units `{base.act}`, {base.optimizer} {lr}, "
             f"batch {base.batch_size}, seed {base.seed}, epochs {rows[0]['epochs'] if rows else 0}"
@@ -122,7 +123,8 @@ def format_table(base: TrainConfig, rows: list[dict]) -> str:
                      f"{r['time_ratio']:.2f} | {r['alignment']:.3f} |")
     note = ("\nEpoch time: median over epochs, ratio to back-propagation in the same process. Gradient cosine: mean "
             "over weight matrices, on the first 256 training samples at the rule's final weights.\n")
-    return head + "\n".join(lines) + "\n" + note
+    made = f"Made by `{command}`.\n\n" if command else ""
+    return made + head + "\n".join(lines) + "\n" + note
 
 
 def _recipe(base: TrainConfig) -> str:
