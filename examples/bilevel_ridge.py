@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from inferlearn.bilevel.layer import ArgminLayer, QuadraticEnergy
+from inferlearn.bilevel import ArgminLayer, QuadraticEnergy
 
 torch.manual_seed(0)
 DT = torch.float64

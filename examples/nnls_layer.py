@@ -19,7 +19,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from inferlearn.bilevel.layer import AcceleratedProjectedGradient, ArgminLayer, Box, LeastSquaresEnergy
+from inferlearn.bilevel import AcceleratedProjectedGradient, ArgminLayer, Box, LeastSquaresEnergy
 
 DT = torch.float64
 digits = load_digits()

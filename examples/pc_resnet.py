@@ -16,7 +16,7 @@ import copy
 import torch
 from torch import nn
 
-from inferlearn import model_chain
+from inferlearn import read_graph
 from inferlearn.data import load_dataset
 from inferlearn.diagnostics import evaluate, gradient_alignment
 from inferlearn.errors import DataError
@@ -69,7 +69,7 @@ def main() -> None:
         data = load_dataset("digits")
     x, y = data.train_x[:args.limit], data.train_y[:args.limit]
     base = SmallResNet(data.image_shape, data.n_classes)
-    graph = model_chain(base, example=x[:2])
+    graph = read_graph(base, example=x[:2])
     print(f"read as a graph of {graph.depth} nodes; node inputs:", [link.sources for link in graph.links])
     cos = gradient_alignment(make_rule("pc"), base, x[:200], y[:200])
     print("cosine of pc's gradient with backprop's at init:", [round(r["cosine"], 3) for r in cos])

@@ -1,4 +1,4 @@
-"""Run by ``tests/test_admm_parallel.py`` under the elastic launcher (2 or 3 processes on loopback).
+"""Run by ``tests/admm/test_admm_parallel.py`` under the elastic launcher (2 or 3 processes on loopback).
 
 Trains a 3-block float64 MLP with :class:`BlockParallelADMM` and, in every process, the one-process
 :class:`BlockADMM` with the same (Jacobi) schedule from the same start; rank 0 writes the largest

@@ -1,4 +1,4 @@
-"""Run by ``tests/test_distributed.py`` under the elastic launcher (2 processes on loopback).
+"""Run by ``tests/distributed/test_distributed.py`` under the elastic launcher (2 processes on loopback).
 
 For every registered rule, on the MLP, a conv net and a residual conv net, in float64: the gradient averaged over the
 ranks' shards (:meth:`Group.average_gradients`) must equal the gradient one process computes on the

@@ -2,7 +2,7 @@
 
 They specialise the generic engine (:mod:`inferlearn.engine.problems`) and the autograd rules to the
 MLP, where a few ``addmm`` calls per layer beat autograd's bookkeeping, and are tested equal to the
-generic paths in float64 (``tests/test_engine_generic.py``).
+generic paths in float64 (``tests/engine/test_engine_generic.py``).
 
 * :func:`dense_backward` -- back-propagation with a pluggable local backward of the units: the
   derivative mask (:class:`~inferlearn.rules.backprop.BackProp`) or Fenchel back-propagation's

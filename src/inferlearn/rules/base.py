@@ -8,7 +8,7 @@ all-reduce work unchanged, and back-propagation is just one more rule::
         info = rule.backward(model, x, labels)
         opt.step()
 
-Contract (checked for every registered rule on a model zoo by ``tests/test_rule_contract.py``):
+Contract (checked for every registered rule on a model zoo by ``tests/rules/test_rule_contract.py``):
 
 * after ``backward`` every trainable parameter has a finite ``.grad``;
 * parameter values are unchanged;

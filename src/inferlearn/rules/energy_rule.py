@@ -33,7 +33,7 @@ PHASES = ("auto", "differential", "direct")
 #: ``phases="auto"`` solves the second phase differentially when its signal is below this many machine
 #: epsilons (or below 10× the solver's absolute tolerance): there the direct difference of two O(1) solutions
 #: loses more than about 1 % of the first layers' gradient (float32, 5 hidden layers: 1 % at a signal of 3e-5
-#: = 250 ε, 20 % at 1e-6; benchmarks/results/contrastive_small_gamma.md and tests/test_signal_precision.py)
+#: = 250 ε, 20 % at 1e-6; benchmarks/results/contrastive_small_gamma.md and tests/engine/test_signal_precision.py)
 DIFFERENTIAL_BELOW_EPS = 1000
 #: a directly solved clamped or nudged phase stops at the solver's tolerance or at this fraction of its signal,
 #: whichever is smaller (an absolute 1e-5 against a signal of 1.6e-5 left 8.9 % gradient error on a small conv net)

@@ -360,7 +360,7 @@ def _fenchel_local(units: Box, z: torch.Tensor, a: torch.Tensor, g: torch.Tensor
 
     Written ``a − β·g`` rather than ``torch.add(a, g, alpha=−β)``: torch 2.13's inductor folds the latter, with
     ``g`` a matrix product, into an ``addmm`` that drops ``alpha`` (wrong compiled gradients; the compiled
-    step is tested equal to the eager one in ``tests/test_compiled.py``)."""
+    step is tested equal to the eager one in ``tests/engine/test_compiled.py``)."""
     if a.dtype == torch.float64:
         return z.sub(units.project(a - beta * g)).div_(beta)
     return fenchel_difference(units.project, a, g, beta)

@@ -23,7 +23,7 @@ chain's parameters (all trainable), SGD without dampening or Nesterov momentum, 
 nothing maximised, and a single process (data-parallel runs average the gradients between the backward and
 the step). Anything else keeps the two calls. Predictive coding's verdict and warnings are read from the
 call's statistics afterwards, as in the separate call. Eager and compiled agree to rounding
-(``tests/test_fused_step.py``); the speed is measured in ``benchmarks/peers/``.
+(``tests/training/test_fused_step.py``); the speed is measured in ``benchmarks/peers/``.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 
 from inferlearn.errors import ConvergenceWarning
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 KINDS = {"python", "bash", "text", "json"}

@@ -147,7 +147,7 @@ def _parallel_reference(name: str, root: str) -> str:
 def parallel_kill_trial(name: str, target: str, moment: str, root: Path, seed: int) -> None:
     """Kill ``target`` (the launcher, or worker 0 or 1) of a ``--nproc 2`` run at ``moment``, resume with
     ``--nproc 2``: the metrics and every tensor of the final checkpoint equal an uninterrupted run's."""
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
     from oracle_helpers import assert_same_tree
 

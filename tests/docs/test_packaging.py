@@ -7,7 +7,7 @@ from pathlib import Path
 
 import inferlearn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wheel_contents_and_version(tmp_path):

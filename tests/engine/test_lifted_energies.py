@@ -168,7 +168,7 @@ def test_float32_precision_warning_marks_unresolved_contrastive_gradients(hidden
     """Guards the precision warning of directly solved phases (``phases="direct"``): where it fires (γ^{L-1}
     below 100 float32 ε) the float32 gradient of the first layer is far from the float64 reference solver's,
     and where it does not, close to it. (The default, ``phases="auto"``, solves such cases differentially:
-    tests/test_signal_precision.py.)"""
+    tests/engine/test_signal_precision.py.)"""
     import warnings
 
     from inferlearn.errors import PrecisionWarning

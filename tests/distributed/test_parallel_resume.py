@@ -65,7 +65,7 @@ def _state(run: Path) -> dict:
 def test_admm_two_processes_resumed_checkpoint_equals_an_uninterrupted_one(tmp_path):
     """The per-process optimiser states were merged with ``dict.update``: after a resume every process holds
     the loaded copy of the others' blocks' Adam state, and a stale copy won (``step`` 600 instead of 1800)."""
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from oracle_helpers import assert_same_tree
 
     run, ref = tmp_path / "run", tmp_path / "ref"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 MODULES = sorted(".".join(p.relative_to(SRC).with_suffix("").parts) for p in (SRC / "inferlearn").rglob("*.py")
                  if ">>> " in p.read_text())
 

@@ -20,7 +20,7 @@ from inferlearn.admm.parallel import block_owners, check_block_parallel
 from inferlearn.admm import ADMMConfig, BlockADMM
 from inferlearn.distributed.launch import free_port
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]   # the shared helpers and workers
 CLI = [sys.executable, "-m", "inferlearn"]
 ADMM = ["admm", "--data", "digits", "--arch", "64-32-32-10", "--batch-size", "64", "--quiet"]
 

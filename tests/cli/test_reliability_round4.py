@@ -424,7 +424,7 @@ def test_inert_python_options_raise_value_error():
 
 def demo_arguments() -> list[str]:
     """The arguments ./scripts/demo.sh gives ``inferlearn compare`` (its settings, not a copy of them)."""
-    text = (Path(__file__).resolve().parents[1] / "scripts" / "demo.sh").read_text().replace("\\\n", " ")
+    text = (Path(__file__).resolve().parents[2] / "scripts" / "demo.sh").read_text().replace("\\\n", " ")
     line = next(line for line in text.splitlines() if line.startswith("exec ") and "inferlearn compare" in line)
     args = line.split("inferlearn compare", 1)[1].replace('"$@"', "").split()
     i = args.index("--out")

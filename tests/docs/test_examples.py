@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMALL = {
     "pc_conv.py": ["--data", "digits", "--epochs", "1", "--limit", "200"],
     "pc_resnet.py": ["--data", "digits", "--epochs", "1", "--limit", "200"],

@@ -19,7 +19,7 @@ import pytest
 from inferlearn.distributed import Group, strip_nproc
 from inferlearn.distributed.launch import free_port
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]   # the shared helpers and workers
 CLI = [sys.executable, "-m", "inferlearn"]
 TRAIN = ["train", "--data", "digits", "--arch", "64-32-32-10", "--rule", "contrastive", "--batch-size", "100",
          "--quiet"]

@@ -309,7 +309,7 @@ def test_a_diverged_run_scores_nothing_and_is_not_retrained(tmp_path):
 def test_the_docs_protocol_example_is_a_valid_protocol(tmp_path):
     import re
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "benchmark.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "benchmark.md").read_text()
     (block,) = re.findall(r"```json\n(.*?)```", text, re.S)
     p = Protocol.from_dict(json.loads(block))
     runs = plan(p, Settings(out=str(tmp_path), budget=parse_budget("full", p), seeds=2))
