@@ -26,7 +26,7 @@ from inferlearn.rules import make_rule
 torch.manual_seed(0)
 x, labels = torch.rand(16, 784), torch.randint(0, 10, (16,))
 y = one_hot(labels, 10)
-loader = [(x, labels)]
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, labels), batch_size=16)
 model = MLP("784-16-10", "relu")
 rule = make_rule("pc", {"steps": 3})
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -60,6 +60,8 @@ def test_every_code_block_runs_or_is_marked(page, kind, code, tmp_path, monkeypa
                           "bash, text or json"
     if kind != "python":
         return
+    if "import lightning" in code:
+        pytest.importorskip("lightning")   # not a dependency of inferlearn
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     with warnings.catch_warnings():   # tiny data: a rule may say its inference is far from equilibrium; docs run

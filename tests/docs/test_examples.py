@@ -14,7 +14,10 @@ SMALL = {
     "admm_nmf.py": ["--epochs", "1"],
     "nnls_layer.py": ["--epochs", "1"],
     "bilevel_ridge.py": [],
+    "lightning_pc.py": ["--epochs", "1", "--limit", "200"],
 }
+#: examples that need a package inferlearn does not depend on
+NEEDS = {"lightning_pc.py": "lightning"}
 
 
 def test_every_example_is_listed():
@@ -23,6 +26,8 @@ def test_every_example_is_listed():
 
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_example_runs(name):
+    if name in NEEDS:
+        pytest.importorskip(NEEDS[name])
     res = subprocess.run([sys.executable, str(EXAMPLES / name), *SMALL[name]], capture_output=True, text=True,
                          timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert res.returncode == 0, res.stderr[-2000:]
