@@ -17,7 +17,8 @@ def test_wheel_contents_and_version(tmp_path):
     (wheel,) = tmp_path.glob("inferlearn-*.whl")
     assert wheel.name.startswith(f"inferlearn-{inferlearn.__version__}-")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ["inferlearn/py.typed", "inferlearn/engine/layered.py", "inferlearn/rules/predictive_coding.py",
+    for f in ["inferlearn/py.typed", "inferlearn/engine/problems/layered.py", "inferlearn/engine/graph/reader.py",
+                  "inferlearn/engine/solvers/block_pg.py", "inferlearn/rules/predictive_coding.py",
               "inferlearn/bilevel/layer.py", "inferlearn/admm/trainer.py", "inferlearn/training/run_folder.py",
               "inferlearn/data/datasets.py", "inferlearn/experiments/lifted_tables.py"]:
         assert f in names, f

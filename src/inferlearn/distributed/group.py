@@ -114,7 +114,7 @@ class Group:
     def share_sample_state(self, rule, rows: torch.Tensor) -> None:
         """After a step on the global batch ``rows``, give every rank every shard's per-sample rule state.
 
-        Each rank packs its shard's rows (:meth:`~inferlearn.rules.base.Rule.sample_state`), pads them to
+        Each rank packs its shard's rows (:meth:`~inferlearn.rules.base.PerSampleRule.sample_state`), pads them to
         the largest shard, and one all-gather hands them to all; each rank stores the others' rows.
         """
         shards = torch.tensor_split(rows, self.world)

@@ -3,7 +3,7 @@
 Each rule fills ``.grad`` and never steps (see :mod:`inferlearn.rules.base`); each file is one rule,
 a thin configuration of the engine (:mod:`inferlearn.engine`).
 """
-from .base import (RULES, Rule, StepInfo, accumulate_grad, make_rule, recommended_lr, register_rule,
+from .base import (RULES, PerSampleRule, Rule, StepInfo, accumulate_grad, make_rule, recommended_lr, register_rule,
                    rule_options)
 from .backprop import BackProp
 from .contrastive import Contrastive
@@ -16,6 +16,6 @@ from .lifted_fenchel import LiftedFenchel
 from .mac import MAC
 from .lpom import LPOM
 
-__all__ = ["RULES", "Rule", "StepInfo", "accumulate_grad", "make_rule", "recommended_lr", "register_rule", "rule_options",
+__all__ = ["PerSampleRule", "RULES", "Rule", "StepInfo", "accumulate_grad", "make_rule", "recommended_lr", "register_rule", "rule_options",
            "BackProp", "Contrastive", "LiftedJ0", "FenchelBackProp", "EquilibriumPropagation",
            "PredictiveCoding", "ErrorPredictiveCoding", "LiftedFenchel", "MAC", "LPOM"]

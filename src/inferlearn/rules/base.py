@@ -18,7 +18,7 @@ Contract (checked for every registered rule on a model zoo by ``tests/rules/test
   :attr:`StepInfo.extras`, and learning-rate schedules belong to ``torch.optim.lr_scheduler``.
 
 One extension, for methods whose variables live per training sample (MAC's auxiliary coordinates,
-which persist across epochs): a rule with :attr:`Rule.uses_sample_index` receives each batch's
+which persist across epochs): a :class:`PerSampleRule` receives each batch's
 positions in the training set (``backward(model, x, labels, index=…)``), is told when an epoch starts
 (:meth:`Rule.begin_epoch`), and keeps that per-sample state in :meth:`Rule.state_dict`, which the
 training loop saves in every checkpoint and restores on ``--resume`` (so a resumed run stays exact).
@@ -77,8 +77,6 @@ class Rule(abc.ABC):
     """
 
     name: ClassVar[str] = ""
-    #: the rule keeps per-sample state and wants each batch's sample indices (see the module docstring)
-    uses_sample_index: ClassVar[bool] = False
     recommended_lr: ClassVar[dict] = {"sgd": 0.05, "adam": 0.001}
 
     def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
@@ -87,7 +85,7 @@ class Rule(abc.ABC):
 
         Args:
             index: optional positions of the batch's samples in the training set (1-D integers, one
-                per input, distinct); only rules with :attr:`uses_sample_index` read them.
+                per input, distinct); only a :class:`PerSampleRule` reads them.
             validated: the caller has checked the batch already (finite floating-point inputs the model
                 takes, labels in range, no non-finite ``.grad`` held, a valid ``index``), as the training loop
                 does once for the whole data set: the per-batch checks are skipped (on a small MLP they cost
@@ -98,7 +96,7 @@ class Rule(abc.ABC):
                 input, within the model's outputs, a bad ``index`` (the message says which).
         """
         if validated:
-            if index is not None and self.uses_sample_index:
+            if index is not None and isinstance(self, PerSampleRule):
                 return self._backward(model, x, labels, index=index)
             return self._backward(model, x, labels)
         if not torch.is_tensor(x) or x.dim() < 2 or x.shape[0] == 0:
@@ -119,7 +117,7 @@ class Rule(abc.ABC):
         elif not has_only_finite(x):
             raise ValueError("Input contains NaN or inf values")
         check_labels(labels, getattr(model, "out_features", None), batch=x.shape[0])
-        if index is not None and self.uses_sample_index:
+        if index is not None and isinstance(self, PerSampleRule):
             return self._backward(model, x, labels, index=check_index(index, x.shape[0]))
         return self._backward(model, x, labels)
 
@@ -153,17 +151,6 @@ class Rule(abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (``--resume``)."""
-
-    def sample_state(self, index: torch.Tensor) -> torch.Tensor | None:
-        """The per-sample state of the samples ``index`` as rows ``(len(index), D)`` (``None``: none).
-
-        Data-parallel runs gather these rows after every step, so that every process holds every
-        sample's state (:meth:`inferlearn.distributed.Group.share_sample_state`).
-        """
-        return None
-
-    def set_sample_state(self, index: torch.Tensor, rows: torch.Tensor) -> None:
-        """Store rows made by :meth:`sample_state` (of any process) for the samples ``index``."""
 
     @abc.abstractmethod
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
@@ -202,6 +189,23 @@ def register_rule(cls: type[Rule]) -> type[Rule]:
         __init__.__doc__, __init__.__wrapped__ = build.__doc__, build
         cls.__init__ = __init__
     return cls
+
+
+class PerSampleRule(Rule):
+    """A rule whose variables live per training sample and persist across epochs (MAC's auxiliary coordinates): the
+    one extension of the contract, as an explicit base. The training loop passes each batch's positions in the
+    training set (``backward(..., index=…)``), saves :meth:`state_dict` in every checkpoint, and in a data-parallel
+    run gathers the rows of :meth:`sample_state` after every step (:meth:`inferlearn.distributed.Group.
+    share_sample_state`), so that every process holds every sample's state. Called without ``index``, such a rule is
+    stateless like every other."""
+
+    @abc.abstractmethod
+    def sample_state(self, index: torch.Tensor) -> torch.Tensor | None:
+        """The per-sample state of the samples ``index`` as rows ``(len(index), D)`` (``None``: none yet)."""
+
+    @abc.abstractmethod
+    def set_sample_state(self, index: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store rows made by :meth:`sample_state` (of any process) for the samples ``index``."""
 
 
 def recommended_lr(rule: str, optimizer: str) -> float:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -50,7 +49,7 @@ from ..engine.graph import DIFFERENTIABLE, read_graph
 from ..engine.problems import LayeredProblem
 from ..engine.solvers import EQUILIBRIUM_STEPS, GradientSteps
 from ..losses import one_hot, quadratic_loss
-from .base import Rule, StepInfo, check_positive, register_rule
+from .base import PerSampleRule, StepInfo, check_positive, register_rule
 from .predictive_coding import check_inference_finite, penalty_energy
 
 
@@ -70,7 +69,7 @@ MU_RANGE = (1e-8, 1e8)   # beyond: the loss (1/μ) or the gradient (μ × target
 
 @register_rule
 @dataclass
-class MAC(Rule):
+class MAC(PerSampleRule):
     """MAC: quadratic penalty ``½‖y − f_L(a_L)‖² + (μ/2)Σ_k‖z_k − f_k(a_k)‖²``, persistent per-sample ``z``.
 
     Args:
@@ -105,7 +104,6 @@ class MAC(Rule):
     """
 
     name = "mac"
-    uses_sample_index: ClassVar[bool] = True
     mu0: float = 1.0
     mu_growth: float = 1.5
     mu_max: float = 1e4

@@ -47,7 +47,7 @@ from ..losses import check_labels, one_hot, quadratic_loss
 from ..models import build_model
 from ..tensors import all_finite
 from .fused_step import FusedTrainStep
-from ..rules import Rule, make_rule
+from ..rules import PerSampleRule, Rule, make_rule
 from .run_folder import RunFolder
 from .schedules import is_per_step, make_schedule
 from .tensorboard import TensorBoardLogger
@@ -211,7 +211,7 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
     """
     s.model.train()
     s.rule.begin_epoch(epoch, s.train_x.shape[0])
-    indexed = s.rule.uses_sample_index   # per-sample rule state (MAC): pass the batch's positions
+    indexed = isinstance(s.rule, PerSampleRule)   # per-sample rule state (MAC): pass the batch's positions
     order = batch_order(s.train_x.shape[0], config.seed, epoch).to(s.train_x.device)
     steps = math.ceil(len(order) / config.batch_size)
     total = 0.0
@@ -258,7 +258,7 @@ def run_epoch(s: Setup, config: TrainConfig, epoch: int, progress: bool = True, 
 def _rule_step(s: Setup, config: TrainConfig, x: torch.Tensor, y: torch.Tensor, mine: torch.Tensor, idx: torch.Tensor,
                params: list, epoch: int, step: int, steps: int, last_good: str) -> float:
     """One step of the rule and the optimiser (the separate calls), with the divergence checks; returns the loss."""
-    indexed, group = s.rule.uses_sample_index, s.group
+    indexed, group = isinstance(s.rule, PerSampleRule), s.group
     loss = 0.0
     if len(mine):
         # the last, partial batch runs eagerly rather than compiling a new shape; the batch comes from the
