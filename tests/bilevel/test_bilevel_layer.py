@@ -170,7 +170,7 @@ def test_iteration_limit_raises_or_warns():
     with pytest.warns(ConvergenceWarning):
         ArgminLayer(LeastSquaresEnergy(D), Box.nonnegative(),
                     solver=AcceleratedProjectedGradient(max_iter=3, tol=1e-12, on_fail="warn"))(y)
-    for bad in (dict(max_iter=0), dict(tol=0.0), dict(on_fail="ignore")):
+    for bad in (dict(max_iter=0), dict(tol=0.0), dict(on_fail="skip")):
         with pytest.raises(ValueError, match="Invalid"):
             AcceleratedProjectedGradient(**bad)
 
@@ -284,3 +284,24 @@ def test_stacked_argmin_layers_backpropagate_through_both(nudging):
     tol = 1e-7 if nudging == "symmetric" else 1e-2
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r, rtol=tol, atol=tol)
+
+
+def test_the_argmin_solvers_share_the_engine_vocabulary_of_failures():
+    """``on_fail`` means the same for FISTA, the augmented Lagrangian and the engine's solvers: "ignore" records a
+    missed iteration limit in the returned info without raising or warning."""
+    import warnings
+
+    from inferlearn.bilevel import AugmentedLagrangian
+    from inferlearn.engine.solvers import ON_FAIL
+
+    assert ON_FAIL == ("warn", "raise", "ignore")
+    Q = torch.tensor([[2.0, 0.3], [0.3, 1.0]], dtype=torch.float64)
+    c = torch.tensor([[1.0, -2.0]], dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        z, info = AcceleratedProjectedGradient(max_iter=2, tol=1e-14, on_fail="ignore")(
+            QuadraticEnergy(), Box.nonnegative(), torch.zeros(1, 2, dtype=torch.float64), (Q, c))
+    assert not info.converged and info.iterations == 2 and torch.isfinite(z).all()
+    for solver in (AcceleratedProjectedGradient, AugmentedLagrangian):
+        for mode in ON_FAIL:
+            solver(on_fail=mode)

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from ..engine.phases import check_beta, check_nudging, nudged_phases
-from ..engine.solvers import SolveInfo
+from ..engine.solvers import ON_FAIL, SolveInfo
 from ..errors import ConvergenceError, ConvergenceWarning
 from ..units import Box
 from .energies import Energy, FunctionEnergy
@@ -126,7 +126,8 @@ class AugmentedLagrangian:
         tol: KKT tolerance.
         max_outer: outer iteration limit.
         inner: the subproblem solver (its tolerance is tightened to ``tol``).
-        on_fail: ``"raise"`` (:class:`~inferlearn.errors.ConvergenceError`) or ``"warn"``.
+        on_fail: ``"raise"`` (:class:`~inferlearn.errors.ConvergenceError`), ``"warn"`` or ``"ignore"`` (recorded in the
+            returned info only), as every solver of the library.
     """
 
     rho: float = 100.0
@@ -143,8 +144,8 @@ class AugmentedLagrangian:
             raise ValueError(f"Invalid tol: {self.tol}")
         if not (isinstance(self.max_outer, int) and self.max_outer >= 1):
             raise ValueError(f"Invalid max_outer: {self.max_outer}")
-        if self.on_fail not in ("raise", "warn"):
-            raise ValueError(f"Invalid on_fail: {self.on_fail!r} (choose 'raise' or 'warn')")
+        if self.on_fail not in ON_FAIL:
+            raise ValueError(f"Invalid on_fail: {self.on_fail!r}; choose one of {list(ON_FAIL)}")
 
     @torch.no_grad()
     def __call__(self, objective: Energy, constraints: Constraints, inputs: Sequence[torch.Tensor],
@@ -182,7 +183,8 @@ class AugmentedLagrangian:
                "iterations; the constraints may be infeasible, or raise max_outer")
         if self.on_fail == "raise":
             raise ConvergenceError(msg)
-        warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+        if self.on_fail == "warn":
+            warnings.warn(msg, ConvergenceWarning, stacklevel=3)
         return z, lam, KKTInfo(SolveInfo("augmented-lagrangian", self.max_outer, res, False, tol), n_inner)
 
 

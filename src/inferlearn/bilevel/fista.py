@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.solvers import SolveInfo, residual_floor
+from ..engine.solvers import ON_FAIL, SolveInfo, residual_floor
 from ..errors import ConvergenceError, ConvergenceWarning
 from ..units import Box, get_units
 from .energies import Energy, Shifted
@@ -31,8 +31,9 @@ class AcceleratedProjectedGradient:
     found by backtracking on the sufficient-decrease condition (doubling). Stops when the residual
     ``max|z − Π_C(z − ∇E(z))| ≤ tol``.
 
-    Failures raise :class:`~inferlearn.errors.ConvergenceError` (``on_fail="raise"``, default) or
-    warn with :class:`~inferlearn.errors.ConvergenceWarning` (``"warn"``): non-finite iterates or an
+    Failures raise :class:`~inferlearn.errors.ConvergenceError` (``on_fail="raise"``, default), warn with
+    :class:`~inferlearn.errors.ConvergenceWarning` (``"warn"``) or are only recorded in the returned ``SolveInfo``
+    (``"ignore"``), the engine solvers' vocabulary (:data:`~inferlearn.engine.solvers.ON_FAIL`): non-finite iterates or an
     energy that decreases without bound (not convex / unbounded below), backtracking that cannot
     find a step, and the iteration limit (with ``on_limit="report"`` only reported, ``converged=False``
     in the returned ``SolveInfo``: the caller judges it, as :class:`ArgminLayer` does).
@@ -51,7 +52,7 @@ class AcceleratedProjectedGradient:
         max_iter: iteration limit.
         tol: residual tolerance.
         momentum: ``False`` gives plain projected gradient descent.
-        on_fail: ``"raise"`` or ``"warn"``.
+        on_fail: ``"raise"``, ``"warn"`` or ``"ignore"``.
         on_limit: ``None`` (the iteration limit is a failure, as above) or ``"report"``.
     """
 
@@ -66,15 +67,16 @@ class AcceleratedProjectedGradient:
             raise ValueError(f"Invalid max_iter: {self.max_iter}")
         if not (math.isfinite(self.tol) and self.tol > 0):
             raise ValueError(f"Invalid tol: {self.tol}")
-        if self.on_fail not in ("raise", "warn"):
-            raise ValueError(f"Invalid on_fail: {self.on_fail!r} (choose 'raise' or 'warn')")
+        if self.on_fail not in ON_FAIL:
+            raise ValueError(f"Invalid on_fail: {self.on_fail!r}; choose one of {list(ON_FAIL)}")
         if self.on_limit not in (None, "report"):
             raise ValueError(f"Invalid on_limit: {self.on_limit!r} (choose None or 'report')")
 
     def _fail(self, msg: str) -> None:
         if self.on_fail == "raise":
             raise ConvergenceError(msg)
-        warnings.warn(msg, ConvergenceWarning, stacklevel=4)
+        if self.on_fail == "warn":
+            warnings.warn(msg, ConvergenceWarning, stacklevel=4)
 
     @torch.no_grad()
     def __call__(self, energy: Energy, box: Box, z0: torch.Tensor, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, SolveInfo]:
