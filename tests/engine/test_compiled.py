@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 from inferlearn.engine import compiled as C
 from inferlearn.models import MLP
@@ -164,3 +165,31 @@ def test_compiled_whole_batch_pc_equals_eager_to_1e_6():
     assert float((comp - eager).norm() / eager.norm()) <= 1e-6
     assert c_info.extras["converged"] == e_info.extras["converged"]
     assert abs(c_info.loss - e_info.loss) <= 1e-6 * abs(e_info.loss)
+
+
+def test_the_compile_mode_is_an_argument_of_the_call():
+    """``rule.backward(..., compile=mode)`` runs the rule's steps in that mode and leaves the enclosing mode as it was;
+    a bad mode is refused in one line; the process-wide ``set_compile`` is deprecated."""
+    from inferlearn.rules.base import Rule, StepInfo
+
+    seen = []
+
+    class Probe(Rule):
+        name = "probe"
+
+        def _backward(self, model, x, labels):
+            seen.append(C.compile_mode())
+            return StepInfo(0.0, model(x).detach())
+
+    model = nn.Linear(4, 3)
+    x, labels = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    with C.compiling("off"):
+        Probe().backward(model, x, labels, compile="no-cudagraphs")
+        Probe().backward(model, x, labels)
+        assert C.compile_mode() == "off"
+    assert seen == ["no-cudagraphs", "off"]
+    with pytest.raises(ValueError, match="Invalid compile mode"):
+        Probe().backward(model, x, labels, compile="fast")
+    with pytest.warns(DeprecationWarning, match="compiling"):
+        old = C.set_compile("off")
+    assert old == "off"

@@ -10,12 +10,15 @@ of tensors and constants, used by the eager path too) and, when compilation is o
 and epochs (never the unrolled loop). On CUDA the default compiled mode is ``"reduce-overhead"``,
 which captures the step with CUDA graphs.
 
-Switch it on process-wide with :func:`set_compile` (``TrainConfig.compile`` / ``inferlearn train
---compile`` do this) or for a block with :func:`compiling`::
+The mode is an argument: of one call (``rule.backward(model, x, labels, compile="on")``), or of a block with
+:func:`compiling` (this thread only; the training loop runs each epoch in ``compiling(TrainConfig.compile)``, which
+``inferlearn train --compile`` sets)::
 
     from inferlearn.engine.compiled import compiling
     with compiling("on"):
         rule.backward(model, x, labels)
+
+Outside both the mode is ``"off"`` (:func:`set_compile`, a process-wide default, is deprecated).
 
 Modes (:data:`COMPILE_MODES`): ``"auto"`` (on for CUDA tensors; on CPU, where one compiled step is slower than
 eager and compiling takes seconds, only the whole-batch graphs, predictive coding's, and only for a run
@@ -71,7 +74,10 @@ def check_compile_mode(mode: str) -> str:
 
 
 def set_compile(mode: str) -> str:
-    """Set the process-wide compile mode; returns the previous one."""
+    """Set the process-wide compile mode; returns the previous one. Deprecated: pass the mode where it applies,
+    ``rule.backward(..., compile=mode)`` or a :func:`compiling` block."""
+    warnings.warn("inferlearn.engine.compiled.set_compile (a process-wide mode) is deprecated; pass compile= to "
+                  "rule.backward, or run the block in compiling(mode)", DeprecationWarning, stacklevel=2)
     check_compile_mode(mode)
     old = _global["mode"]
     _global["mode"] = mode

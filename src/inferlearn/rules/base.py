@@ -45,6 +45,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ..engine.compiled import compiling
 from ..losses import check_labels
 from ..tensors import accumulate_grad, all_finite, has_only_finite  # noqa: F401  (accumulate_grad: public here)
 
@@ -80,7 +81,7 @@ class Rule(abc.ABC):
     recommended_lr: ClassVar[dict] = {"sgd": 0.05, "adam": 0.001}
 
     def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
-                 index: torch.Tensor | None = None, *, validated: bool = False) -> StepInfo:
+                 index: torch.Tensor | None = None, *, validated: bool = False, compile: str | None = None) -> StepInfo:
         """Validate the batch, then accumulate the rule's gradient into ``.grad`` of ``model``.
 
         Args:
@@ -90,11 +91,17 @@ class Rule(abc.ABC):
                 takes, labels in range, no non-finite ``.grad`` held, a valid ``index``), as the training loop
                 does once for the whole data set: the per-batch checks are skipped (on a small MLP they cost
                 about a fifth of a back-propagation step).
+            compile: the compile mode of this call's steps (:data:`~inferlearn.engine.compiled.COMPILE_MODES`:
+                ``"auto"``, ``"on"``, ``"no-cudagraphs"``, ``"off"``; :mod:`inferlearn.engine.compiled`); ``None``
+                keeps the mode of the enclosing :func:`~inferlearn.engine.compiled.compiling` block (default ``"off"``).
 
         Raises:
             ValueError: an empty batch, non-finite inputs, labels that are not 1-D integers, one per
                 input, within the model's outputs, a bad ``index`` (the message says which).
         """
+        if compile is not None:
+            with compiling(compile):
+                return self.backward(model, x, labels, index, validated=validated)
         if validated:
             if index is not None and isinstance(self, PerSampleRule):
                 return self._backward(model, x, labels, index=index)
