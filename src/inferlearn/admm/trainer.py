@@ -101,6 +101,19 @@ class BlockADMM:
     Raises:
         ValueError: bad penalties or step sizes, an NMF module first, last or next to another, NMF
             modules in online mode.
+
+    Example:
+        >>> import torch
+        >>> from inferlearn.admm import ADMMConfig, BlockADMM, mlp, split_sequential
+        >>> torch.manual_seed(0) and None
+        >>> blocks = split_sequential(mlp("4-8-3"))              # [Flatten, Linear], [ReLU, Linear]
+        >>> trainer = BlockADMM(blocks, ADMMConfig(batch_size=8, lr=1e-2))
+        >>> trainer.init_state(torch.randn(32, 4), torch.randint(0, 3, (32,)))   # Z_1 from a forward pass, U_1 = 0
+        >>> [tuple(z.shape) for z in trainer.Z]
+        [(32, 8)]
+        >>> metrics = trainer.epoch()                            # one outer iteration: Θ pass, Z update, duals
+        >>> trainer.predict(torch.randn(2, 4)).shape
+        torch.Size([2, 3])
     """
 
     def __init__(self, blocks: Sequence[nn.Module], config: ADMMConfig | None = None,

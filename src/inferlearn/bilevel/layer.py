@@ -134,6 +134,18 @@ class ArgminLayer(nn.Module):
         switches at the boundary add an O(β) bias (a non-negative least-squares layer: 2.2 % from implicit
         differentiation at β = 1e-2, 0.6 % at 1e-3; ``benchmarks/results/limits.md``), so β trades that bias
         and the curvature of non-quadratic energies against floating-point cancellation.
+
+    Example:
+        >>> import torch
+        >>> from inferlearn.bilevel import ArgminLayer, Box, ProximalEnergy
+        >>> layer = ArgminLayer(ProximalEnergy(), Box(0, 1))     # argmin_{0 ≤ z ≤ 1} ½‖z − a‖²: the hard sigmoid
+        >>> a = torch.tensor([[-0.5, 0.25, 2.0]], dtype=torch.float64, requires_grad=True)
+        >>> z = layer(a)
+        >>> z.detach()
+        tensor([[0.0000, 0.2500, 1.0000]], dtype=torch.float64)
+        >>> z.sum().backward()              # the contrastive backward: the clamp's derivative, to the nudge's O(β²)
+        >>> torch.allclose(a.grad, torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64), atol=1e-6)
+        True
     """
 
     def __init__(self, energy: Energy, box: Box | None = None, beta: float = 1e-3, nudging: str = "symmetric",

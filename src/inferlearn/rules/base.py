@@ -259,6 +259,21 @@ def make_rule(name: str, options: dict | None = None) -> Rule:
 
     Options may be strings (from the command line, ``--rule-opt gamma=1/8``); they are converted to
     the field's type. Unknown names and keys raise ``ValueError`` listing what is available.
+
+    Example:
+        >>> import torch
+        >>> from inferlearn.models import MLP
+        >>> rule = make_rule("pc", {"steps": "20"})          # a string option, converted to the field's int
+        >>> rule.steps
+        20
+        >>> model = MLP("4-8-3", "relu")
+        >>> info = rule.backward(model, torch.rand(5, 4), torch.tensor([0, 1, 2, 0, 1]))
+        >>> all(p.grad is not None for p in model.parameters())
+        True
+        >>> make_rule("pcx")
+        Traceback (most recent call last):
+        ...
+        ValueError: Unknown rule 'pcx'; choose one of [...]
     """
     if name not in RULES:
         raise ValueError(f"Unknown rule {name!r}; choose one of {sorted(RULES)}")

@@ -66,6 +66,21 @@ def read_graph(model: nn.Module, need: str | None = None, rule: str = "this rule
     Raises:
         ValueError: the model cannot be read, or a module is one ``rule`` cannot handle (the
             message names the module and the reason).
+
+    Example:
+        >>> from torch import nn
+        >>> class Residual(nn.Module):          # relu(x + W x): read by torch.fx into a node with two edges
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.inp, self.w, self.act, self.out = nn.Linear(4, 8), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)
+        ...     def forward(self, x):
+        ...         h = self.act(self.inp(x))
+        ...         return self.out(self.act(h + self.w(h)))
+        >>> graph = read_graph(Residual())
+        >>> [node.sources for node in graph.links]    # node 2 sums the skip (from node 1) and the branch
+        [(0,), (1, 1), (2,)]
+        >>> graph.is_chain
+        False
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"Expected an nn.Module, got {type(model).__name__}")
