@@ -74,7 +74,7 @@ def declare_map(module: nn.Module) -> nn.Module:
     """Declare a module of yours one layer map (a single edge of the graph, not traced into): e.g. a
     residual branch ``a W φ(·)`` whose inner activation should not get a value node of its own (μPC's
     residual networks). The module must be differentiable; it is not affine unless also declared with
-    :func:`~inferlearn.engine.chain.declare_affine`. Returns the module (``TypeError`` for anything else)."""
+    :func:`declare_affine`. Returns the module (``TypeError`` for anything else)."""
     check_module(module, "declare_map")
     module.inferlearn_map = True
     return module

@@ -116,7 +116,7 @@ class LiftedEnergy:
     @classmethod
     def from_chain(cls, chain, gamma: float = 1 / 8, output_weight: float | None = None,
                    dtype: torch.dtype | None = None) -> "LiftedEnergy":
-        """Build the energy of a dense :class:`~inferlearn.engine.chain.Chain` (see :meth:`from_model`)."""
+        """Build the energy of a dense :class:`~inferlearn.engine.graph.Graph` (see :meth:`from_model`)."""
         if not chain.is_dense:
             raise ValueError(f"{type(chain.model).__name__} is not a dense chain (Linear layers with box units and "
                              "a linear output); use inferlearn.engine.layered.LayeredEnergy")

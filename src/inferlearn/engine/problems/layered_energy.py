@@ -141,7 +141,7 @@ def cross_entropy_gradient(logits: torch.Tensor, target: torch.Tensor) -> torch.
 
 
 class Adjoint:
-    """``v ↦ Aᵀ v`` for the linear part of an affine edge map (a :class:`~inferlearn.engine.chain.Edge`, or a
+    """``v ↦ Aᵀ v`` for the linear part of an affine edge map (a :class:`~inferlearn.engine.graph.Edge`, or a
     chain's one-edge link), at a fixed batch shape.
 
     ``nn.Linear`` uses ``v W``, the identity (a skip connection) ``v``; any other map autograd's
