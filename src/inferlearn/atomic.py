@@ -105,16 +105,27 @@ def write_text(text: str, path: str | os.PathLike) -> None:
     write_bytes(text.encode(), path)
 
 
-def format_json(obj, indent: int = 0) -> str:
-    """JSON with sorted keys, objects and lists of objects indented by two spaces, and lists of numbers, strings
-    and ``null`` on one line (a run's 50 epoch times read as one row, not 50 lines)."""
+def format_json(obj, indent: int = 0, width: int = 110) -> str:
+    """JSON with sorted keys, as a person reads it: any value whose compact form fits in ``width`` columns (a search
+    point, a run's record, a list of epoch times) on one line, larger objects and lists indented by two spaces."""
+    flat = json.dumps(obj, sort_keys=True)
+    if len(flat) + indent <= width or not isinstance(obj, (dict, list, tuple)) or not obj:
+        return flat
     pad = " " * indent
-    if isinstance(obj, dict) and obj:
-        items = [f'{pad}  {json.dumps(str(k))}: {format_json(v, indent + 2)}' for k, v in sorted(obj.items())]
+    if isinstance(obj, dict):
+        items = [f"{pad}  {json.dumps(str(k))}: {format_json(v, indent + 2, width)}"
+                 for k, v in sorted(obj.items())]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-    if isinstance(obj, (list, tuple)) and obj and any(isinstance(v, (dict, list, tuple)) for v in obj):
-        return "[\n" + ",\n".join(f"{pad}  {format_json(v, indent + 2)}" for v in obj) + f"\n{pad}]"
-    return json.dumps(obj, sort_keys=True)
+    if all(not isinstance(v, (dict, list, tuple)) for v in obj):   # a long list of numbers: wrapped, not one per line
+        rows, row = [], []
+        for v in obj:
+            if row and len(json.dumps(row + [v])) + indent + 2 > width:
+                rows.append(row)
+                row = []
+            row.append(v)
+        rows.append(row)
+        return "[\n" + ",\n".join(f"{pad}  " + json.dumps(r)[1:-1] for r in rows) + f"\n{pad}]"
+    return "[\n" + ",\n".join(f"{pad}  {format_json(v, indent + 2, width)}" for v in obj) + f"\n{pad}]"
 
 
 def write_json(obj, path: str | os.PathLike) -> None:
