@@ -111,7 +111,7 @@ OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python benchmarks/bench_graph.py --arch
 ```
 
 Model: the zoo's `{args.arch}` ({params:,} parameters; read as a graph of {graph.depth} nodes with
-{sum(len(l.edges) for l in graph.links)} edges, {sum(len(l.edges) > 1 for l in graph.links)} of the nodes summing a skip connection),
+{sum(len(l.edges) for l in graph.nodes)} edges, {sum(len(l.edges) > 1 for l in graph.nodes)} of the nodes summing a skip connection),
 batch {BATCH}, 3×32×32 uniform random inputs, SGD; default rule options except `steps`. Median over {args.repeats}
 interleaved repeats of the median of {args.batches} timed steps. torch {torch.__version__}, {args.threads} thread(s),
 Python {platform.python_version()}, {platform.machine()}. Total wall time: {(time.time() - start) / 60:.1f} min.

@@ -70,7 +70,7 @@ def main() -> None:
     x, y = data.train_x[:args.limit], data.train_y[:args.limit]
     base = SmallResNet(data.image_shape, data.n_classes)
     graph = read_graph(base, example=x[:2])
-    print(f"read as a graph of {graph.depth} nodes; node inputs:", [link.sources for link in graph.links])
+    print(f"read as a graph of {graph.depth} nodes; node inputs:", [link.sources for link in graph.nodes])
     cos = gradient_alignment(make_rule("pc"), base, x[:200], y[:200])
     print("cosine of pc's gradient with backprop's at init:", [round(r["cosine"], 3) for r in cos])
     for name in ("backprop", "pc"):

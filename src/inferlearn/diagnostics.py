@@ -38,7 +38,7 @@ def active_counts(model: nn.Module, x: torch.Tensor, batch_size: int = 2000) -> 
     last = [max((c for c, _ in chain.children[k]), default=0) for k in range(chain.depth + 1)]   # last reader
     for start in range(0, x.shape[0], batch_size):
         zs = [x[start:start + batch_size]]
-        for k, link in enumerate(chain.links[:-1], start=1):
+        for k, link in enumerate(chain.nodes[:-1], start=1):
             a = link.pre(zs)
             if link.units is not None:
                 engaged += int(link.units.engaged(a).sum())

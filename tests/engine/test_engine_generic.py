@@ -90,7 +90,7 @@ def _unrolled_energy(model, gamma, in_dim=16):
     """The dense lifted energy of the same network: each layer map as its Jacobian matrix and offset."""
     chain = read_graph(model)
     ws, bs, shape = [], [], (in_dim,)
-    for link in chain.links:
+    for link in chain.nodes:
         def flat_map(v, link=link, shape=shape):
             return link.map(v.reshape(1, *shape)).reshape(-1)
         zero = torch.zeros(int(torch.tensor(shape).prod()), dtype=DT)
@@ -100,7 +100,7 @@ def _unrolled_energy(model, gamma, in_dim=16):
         ws.append(W.detach())
         bs.append(out.reshape(-1))
         shape = tuple(out.shape[1:])
-    units = [l.units for l in chain.links[:-1]]
+    units = [l.units for l in chain.nodes[:-1]]
     return LiftedEnergy(ws, bs, units, gamma=gamma)
 
 

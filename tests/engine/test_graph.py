@@ -107,14 +107,14 @@ def test_graph_structure_of_a_residual_block_and_a_residual_stream():
     """Node k's pre-activation is the sum of its edges: the block's output reads the branch and the skip;
     a residual stream used twice becomes a linear value node (levels: longest paths)."""
     chain = read_graph(ResConv())
-    assert [link.sources for link in chain.links] == [(0,), (1,), (2, 1), (3,)]
+    assert [link.sources for link in chain.nodes] == [(0,), (1,), (2, 1), (3,)]
     assert chain.levels == (0, 1, 2, 3, 4)
-    assert [len(e.maps) for e in chain.links[2].edges] == [1, 0]   # conv branch, identity skip
+    assert [len(e.maps) for e in chain.nodes[2].edges] == [1, 0]   # conv branch, identity skip
     res = read_graph(ResidualMLP(depth=2))
     # relu(inp x); the stream h1 = inp x + s W relu(·) feeds two operations: a node with a linear unit;
     # relu(h1); the last sum h2 feeds only the final relu, whose node reads h1 and the branch directly
-    assert [type(link.activation).__name__ for link in res.links] == ["ReLU", "Identity", "ReLU", "ReLU", "NoneType"]
-    assert [link.sources for link in res.links] == [(0,), (0, 1), (2,), (2, 3), (4,)]
+    assert [type(link.activation).__name__ for link in res.nodes] == ["ReLU", "Identity", "ReLU", "ReLU", "NoneType"]
+    assert [link.sources for link in res.nodes] == [(0,), (0, 1), (2,), (2, 3), (4,)]
 
 
 def test_protocol_graph_equals_traced_graph():
@@ -131,7 +131,7 @@ def test_protocol_graph_equals_traced_graph():
 
     traced, declared = ResConv(seed=2).to(DT), Declared(seed=2).to(DT)
     x, labels = _data(seed=1)
-    assert [l.sources for l in read_graph(declared).links] == [l.sources for l in read_graph(traced).links]
+    assert [l.sources for l in read_graph(declared).nodes] == [l.sources for l in read_graph(traced).nodes]
     for name in ["contrastive", "pc"]:
         for a, b in zip(_grads(make_rule(name), traced, x, labels), _grads(make_rule(name), declared, x, labels)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
@@ -244,7 +244,7 @@ def _unrolled(chain, x_row_shape):
     zs, _ = chain.forward_all(torch.zeros(1, *x_row_shape, dtype=DT))
     shapes = [tuple(z.shape[1:]) for z in zs]
     mats = []
-    for link in chain.links:
+    for link in chain.nodes:
         row = []
         for e in link.edges:
             shape = shapes[e.source]
@@ -268,8 +268,8 @@ def _bvls_minimiser(model, x, y, gamma):
     w = [gamma ** (chain.levels[k] - 1) for k in range(L + 1)]
     offs = np.cumsum([0] + sizes[1:L])
     n = int(offs[-1])
-    lo = np.concatenate([np.full(sizes[k], chain.links[k - 1].units.lower) for k in range(1, L)])
-    hi = np.concatenate([np.full(sizes[k], chain.links[k - 1].units.upper) for k in range(1, L)])
+    lo = np.concatenate([np.full(sizes[k], chain.nodes[k - 1].units.lower) for k in range(1, L)])
+    hi = np.concatenate([np.full(sizes[k], chain.nodes[k - 1].units.upper) for k in range(1, L)])
     out = []
     for i in range(x.shape[0]):
         xi = x[i].reshape(-1).numpy()
@@ -311,7 +311,7 @@ def test_residual_conv_lifted_minimiser_matches_bounded_least_squares(clamped):
     mine = torch.cat([h.reshape(h.shape[0], -1) for h in hidden], 1).numpy()
     np.testing.assert_allclose(mine, ref, rtol=0, atol=1e-8)
     at_bound = sum(int(((h == u.lower) | (h == u.upper)).sum()) for u, h in
-                   zip([l.units for l in read_graph(model).links], hidden))
+                   zip([l.units for l in read_graph(model).nodes], hidden))
     assert at_bound > 10   # the boxes are active: not the unconstrained linear solve
 
 

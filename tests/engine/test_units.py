@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from inferlearn.bilevel import Box as BilevelBox
-from inferlearn.units import (HARD_SIGMOID, HARD_TANH, LINEAR, RELU, Box, Clamp, Box, box, get_units,
+from inferlearn.units import (HARD_SIGMOID, HARD_TANH, LINEAR, RELU, Box, Clamp, box, get_units,
                               units_of_module)
 
 

@@ -56,7 +56,7 @@ def _setup(units="relu", scale=1.0, seed=0):
 def _block_reference(rule, problem, hidden, k, mu):
     """argmin over z_k ∈ C_k of μ h_k(z_k, A_k z_{k−1}) + μ h_{k+1}(z_{k+1}, A_{k+1} z_k) by L-BFGS-B."""
     e = problem.energy
-    links = [e.link(j) for j in range(1, problem.depth + 1)]
+    links = [e.node(j) for j in range(1, problem.depth + 1)]
     z_below = problem.x if k == 1 else hidden[k - 2]
     z_above = hidden[k] if k < problem.depth - 1 else problem.target
     a_k = links[k - 1].map(z_below).detach()
@@ -100,7 +100,7 @@ def test_activation_update_solves_its_subproblem(units, scale):
         trial = [h.clone() for h in hidden]
         rule.block_update(problem, trial, k, 3000, steps[k - 1])
         torch.testing.assert_close(trial[k - 1], ref, rtol=0, atol=1e-6)
-    a_top = chain.links[-1].map(hidden[-1])
+    a_top = chain.nodes[-1].map(hidden[-1])
     torch.testing.assert_close(rule.output_update(a_top, y), (mu * a_top + y) / (mu + 1), rtol=0, atol=0)
     z = torch.zeros_like(a_top, requires_grad=True)
     opt = torch.optim.LBFGS([z], max_iter=200, tolerance_grad=1e-14, line_search_fn="strong_wolfe")
@@ -118,7 +118,7 @@ def _objective(chain, x, y, hidden, out, mu):
     """J/B = [½‖z_L − y‖² + μ Σ_k h_k(z_k, A_k z_{k−1})] / B, with h from the integral potentials."""
     zs = [x, *hidden, out]
     total = 0.5 * (out - y).pow(2).sum()
-    for k, link in enumerate(chain.links, start=1):
+    for k, link in enumerate(chain.nodes, start=1):
         units = link.units if k < chain.depth else None
         total = total + mu * lpom_penalty(units, zs[k], link.map(zs[k - 1])).sum()
     return total / x.shape[0]
@@ -166,7 +166,7 @@ def test_sweeps_reach_a_block_fixed_point():
     steps = rule.layer_steps(problem, hidden)
     for k in (1, 2):
         assert rule.block_update(problem, hidden, k, 1, steps[k - 1]) < 1e-9
-    torch.testing.assert_close(info.extras["output"], rule.output_update(chain.links[-1].map(hidden[-1]), y),
+    torch.testing.assert_close(info.extras["output"], rule.output_update(chain.nodes[-1].map(hidden[-1]), y),
                                rtol=0, atol=1e-9)
 
 

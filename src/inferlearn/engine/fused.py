@@ -32,7 +32,7 @@ LocalBackward = Callable[[Box, torch.Tensor, torch.Tensor, torch.Tensor], torch.
 
 def accumulate_dense_grads(chain: Graph, grads) -> None:
     """Accumulate ``[(∇W_k, ∇b_k)]`` (fresh tensors, owned by the caller) into the ``Linear`` layers' ``.grad``."""
-    for link, (gw, gb) in zip(chain.links, grads):
+    for link, (gw, gb) in zip(chain.nodes, grads):
         layer = link.linear
         for p, g in ((layer.weight, gw), (layer.bias, gb)):
             if p is not None:
@@ -42,7 +42,7 @@ def accumulate_dense_grads(chain: Graph, grads) -> None:
 def dense_forward(chain: Graph, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``([x, z_1, …, z_L], [x, a_1, …, a_L])`` with one ``addmm`` per layer (the input flattened)."""
     zs, pre = [x.reshape(x.shape[0], -1)], [None]
-    for k, link in enumerate(chain.links, start=1):
+    for k, link in enumerate(chain.nodes, start=1):
         lin = link.linear
         a = torch.addmm(lin.bias, zs[-1], lin.weight.t()) if lin.bias is not None else zs[-1].mm(lin.weight.t())
         pre.append(a)
@@ -73,9 +73,9 @@ def dense_backward(chain: Graph, x: torch.Tensor, labels: torch.Tensor, loss: st
 
 def bp_step_arguments(chain: Graph, local: LocalBackward | Sequence[LocalBackward]) -> tuple:
     """``(Ws, bs, units, local, constants)``: the arguments of :func:`bp_step` after the batch, for a dense chain."""
-    Ws = [l.linear.weight for l in chain.links]
-    bs = [l.linear.bias for l in chain.links]
-    units = tuple(l.units for l in chain.links[:-1])
+    Ws = [l.linear.weight for l in chain.nodes]
+    bs = [l.linear.bias for l in chain.nodes]
+    units = tuple(l.units for l in chain.nodes[:-1])
     if isinstance(local, Sequence):   # one local backward per hidden layer (e.g. Fenchel BP's β_k)
         parts = [_constants(f) for f in local]
         return Ws, bs, units, tuple(f for f, _ in parts), tuple(k for _, k in parts)
@@ -146,8 +146,8 @@ def dense_predictive_coding(chain: Graph, x: torch.Tensor, target: torch.Tensor,
         stopped the steps early; ``summary``: ``(loss, total)`` of the whole-batch call, see
         :func:`pc_inference`, ``None`` with ``tol``).
     """
-    Ws = [l.linear.weight for l in chain.links]
-    bs = [l.linear.bias for l in chain.links]
+    Ws = [l.linear.weight for l in chain.nodes]
+    bs = [l.linear.bias for l in chain.nodes]
     L, B = len(Ws), x.shape[0]
     x = x.reshape(B, -1)
     lin, bounds = pc_constants(chain, x)
@@ -189,7 +189,7 @@ def pc_batch_stats(stats: list[float], n: int, eta: float, dtype: torch.dtype) -
 
 def pc_constants(chain: Graph, like: torch.Tensor) -> tuple:
     """``(lin, bounds)`` of a dense chain's hidden units for :func:`pc_inference` (bounds cast to ``like``)."""
-    units = [l.units for l in chain.links[:-1]]
+    units = [l.units for l in chain.nodes[:-1]]
     return tuple([u.is_linear for u in units] + [True]), tuple(u.clamp_bounds(like) for u in units)
 
 
@@ -207,7 +207,7 @@ class DensePlan:
             it issues the rule's verdict and warnings, and raises on non-finite value nodes or gradients.
     """
 
-    chain: Graph
+    graph: Graph
     gradient: str
     constants: tuple
     finish: Callable | None = None

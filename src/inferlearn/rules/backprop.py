@@ -60,7 +60,7 @@ class BackProp(Rule):
     def _backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> StepInfo:
         plan = self.dense_plan(model)
         if plan is not None:
-            loss, out = dense_backward(plan.chain, x, labels, *plan.constants)
+            loss, out = dense_backward(plan.graph, x, labels, *plan.constants)
             return StepInfo(loss=loss, output=out)
         with torch.enable_grad():
             output = GRAPH_FORWARD(model, x)

@@ -293,11 +293,11 @@ class FenchelBackProp(Rule):
         plan = self.dense_plan(model)
         layerwise = self._betas is not None or self.beta_ratio is not None
         if plan is not None:
-            loss, out = dense_backward(plan.chain, x, labels, *plan.constants)
+            loss, out = dense_backward(plan.graph, x, labels, *plan.constants)
             return StepInfo(loss=loss, output=out)
         graph = _functional_graph(model, x)
         if graph is not None:   # activations called as functions: convert the traced graph's nodes instead
-            betas = self.layer_betas(len(graph.links) - 1 + (not graph.linear_output)) if layerwise else None
+            betas = self.layer_betas(len(graph.nodes) - 1 + (not graph.linear_output)) if layerwise else None
             forward = partial(_graph_forward, graph, betas=betas or self.beta)
         else:
             forward = converted_model(model, self._module_betas(model) if layerwise else self.beta)
@@ -315,9 +315,9 @@ class FenchelBackProp(Rule):
         except (ValueError, TypeError) as exc:
             raise ValueError(f"Invalid betas for {type(model).__name__}: layer-wise β needs a model read as a graph "
                              f"({exc})") from None
-        acts = [link.activation for link in chain.links[:-1]]
+        acts = [link.activation for link in chain.nodes[:-1]]
         if not chain.linear_output:
-            acts.append(chain.links[-1].activation)
+            acts.append(chain.nodes[-1].activation)
         betas = self.layer_betas(len(acts))
         pairs = [(a, b) for a, b in zip(acts, betas) if isinstance(a, (FenchelActivation,) + CONVERTIBLE)]
         if [id(a) for a, _ in pairs] != [id(a) for a in activation_order(model)]:
@@ -334,7 +334,7 @@ def _functional_graph(model: nn.Module, x: torch.Tensor):
         graph = read_graph(model, example=x)
     except (ValueError, TypeError):
         return None
-    hidden = [link.activation for link in graph.links]
+    hidden = [link.activation for link in graph.nodes]
     return graph if any(a is not None and id(a) not in owned for a in hidden) else None
 
 
@@ -342,7 +342,7 @@ def _graph_forward(graph, x: torch.Tensor, betas: float | Sequence[float]) -> to
     """The model's output through its graph, each node's activation (in node order, the output's too unless
     linear) given Fenchel back-propagation's backward with its β."""
     zs, n = [x], 0
-    for k, link in enumerate(graph.links, start=1):
+    for k, link in enumerate(graph.nodes, start=1):
         a = link.pre(zs)
         act = link.activation
         if act is None or (k == graph.depth and graph.linear_output):

@@ -161,7 +161,7 @@ class LPOM(Rule):
         pre = [None] * (L + 1)
         pre[k] = problem.a1 if k == 1 else e.pre(k, zs)
         adjoint = problem.adjoints(hidden)[k] if adjoint is None else adjoint
-        units = e.link(k).units
+        units = e.node(k).units
         move = 0.0
         for _ in range(iterations):
             for c, _ in adjoint:

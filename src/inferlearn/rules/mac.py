@@ -225,7 +225,7 @@ class MAC(PerSampleRule):
         B, L, mu = x.shape[0], chain.depth, self._mu
         free = LayeredProblem(penalty_energy(chain, 1.0 / mu), x)   # E_Q / μ: hidden terms 1, the loss 1/μ
         forward, pre = free.forward_state()
-        output = chain.links[-1].act(pre[L])
+        output = chain.nodes[-1].act(pre[L])
         y = one_hot(labels, output.shape[1], x.dtype)
         problem = free.stacked(1, target=y)
         warm = 0.0

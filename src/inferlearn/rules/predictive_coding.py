@@ -56,7 +56,7 @@ def penalty_energy(chain: Graph, output_weight: float, output: str = "se") -> La
 
 def check_inference_finite(name: str, chain: Graph, hidden, steps: int, step_size: float) -> None:
     """Raise :class:`ConvergenceError` when gradient-step inference left non-finite value nodes or gradients."""
-    grads = [p.grad for link in chain.links for p in link.parameters() if p.grad is not None]
+    grads = [p.grad for link in chain.nodes for p in link.parameters() if p.grad is not None]
     if not all_finite(list(hidden) + grads):
         raise NonFiniteError(f"{name}: inference diverged (non-finite value nodes after {steps} steps); "
                                f"lower step_size (now {step_size:g})")
@@ -257,7 +257,7 @@ class PredictiveCoding(Rule):
         if self.weight_step is not None:
             return self._incremental(chain, x, labels)
         if fused:
-            return self._clamped(chain, True, x, one_hot(labels, chain.links[-1].linear.out_features, x.dtype))
+            return self._clamped(chain, True, x, one_hot(labels, chain.nodes[-1].linear.out_features, x.dtype))
         free = LayeredProblem(self.energy(chain), x)   # its forward pass gives the output width, and is reused
         n_out = free.forward_state()[1][chain.depth].shape[1]
         return self._clamped(chain, False, x, one_hot(labels, n_out, x.dtype), free)
@@ -279,7 +279,7 @@ class PredictiveCoding(Rule):
             return None
         if not fused or self.tol is not None or not self.steps or chain.depth < 2:
             return None
-        lin, bounds = pc_constants(chain, chain.links[0].linear.weight)
+        lin, bounds = pc_constants(chain, chain.nodes[0].linear.weight)
         return DensePlan(chain, "pc", (lin, bounds, self.steps, self.step_size, self.output_weight, self.output),
                          finish=lambda stats: self._fused_finish(chain, stats))
 
@@ -287,7 +287,7 @@ class PredictiveCoding(Rule):
         """The verdict, warnings and finiteness check of a whole-batch call from its statistics (``stats``:
         :func:`~inferlearn.engine.fused.pc_batch_stats`' input); returns the batch's loss."""
         move, first, layers, floor, (loss, total) = pc_batch_stats(stats, chain.depth - 1, self.step_size,
-                                                                   chain.links[0].linear.weight.dtype)
+                                                                   chain.nodes[0].linear.weight.dtype)
         self._solver.report(self.steps, move, first, layers, floor)
         if not math.isfinite(total):
             raise NonFiniteError(f"{self.name}: inference diverged (non-finite value nodes or gradients after "
@@ -314,7 +314,7 @@ class PredictiveCoding(Rule):
             accumulate_dense_grads(chain, grads)
         else:
             free = LayeredProblem(self.energy(chain), x) if free is None else free
-            output = chain.links[-1].act(free.forward_state()[1][L])
+            output = chain.nodes[-1].act(free.forward_state()[1][L])
             problem = free.stacked(1, target=target)
             hidden, info = self._infer(problem)
             it = info.iterations
@@ -336,7 +336,7 @@ class PredictiveCoding(Rule):
         energy = penalty_energy(chain, self.output_weight, "se")
         free = LayeredProblem(energy, x)
         a_top = free.forward_state()[1][L]
-        output = chain.links[-1].act(a_top)
+        output = chain.nodes[-1].act(a_top)
         y = one_hot(labels, a_top.shape[1], x.dtype)
         phases = [p for p in nudged_phases(self.nudging) if p.sign != 0]   # ∇θF of the free phase is 0
         rows = lambda v: torch.cat([torch.full((B,), float(v(p)), dtype=x.dtype, device=x.device) for p in phases])
@@ -354,12 +354,12 @@ class PredictiveCoding(Rule):
         """iPC on working weights (see ``weight_step``): ``.grad += S_T``, the parameters restored to ``θ_0``."""
         B, L, eta, alpha = x.shape[0], chain.depth, self.step_size, self.weight_step
         energy = self.energy(chain)
-        params = [p for link in chain.links for p in link.parameters() if p.requires_grad]
+        params = [p for link in chain.nodes for p in link.parameters() if p.requires_grad]
         params = list({id(p): p for p in params}.values())
         held = [p.grad for p in params]
         start = [p.detach().clone() for p in params]
         first = LayeredProblem(energy, x)
-        output = chain.links[-1].act(first.forward_state()[1][L])
+        output = chain.nodes[-1].act(first.forward_state()[1][L])
         target = one_hot(labels, output.shape[1], x.dtype)
         hidden = [h.clone() for h in first.forward_state()[0]]
         move = 0.0

@@ -73,11 +73,11 @@ def compare_rules(base: TrainConfig, rules: list[str], options: dict[str, dict] 
                 raise RunFolderError(f"{top.path} holds another run (not a comparison); choose another --out for "
                                      "the comparison, or --overwrite to replace that run")
             top.refuse_overwrite(True)
-        return _compare(base, rules, options, lrs, progress, log, overwrite)
+        return _compare(base, rules, options, lrs, progress, log, overwrite, command)
 
 
 def _compare(base: TrainConfig, rules: list[str], options: dict[str, dict], lrs: dict[str, float], progress: bool,
-             log, overwrite: bool) -> list[dict]:
+             log, overwrite: bool, command: str | None = None) -> list[dict]:
     out = Path(base.out)
     histories, rows = {}, []
     for name in rules:

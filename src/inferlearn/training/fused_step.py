@@ -85,11 +85,11 @@ class FusedTrainStep:
 
     def __init__(self, plan: DensePlan, optimizer: torch.optim.Optimizer, kind: str):
         self.plan = plan
-        Ws = [link.linear.weight for link in plan.chain.links]
-        bs = [link.linear.bias for link in plan.chain.links]
+        Ws = [link.linear.weight for link in plan.graph.nodes]
+        bs = [link.linear.bias for link in plan.graph.nodes]
         if plan.gradient == "bp":   # (loss, local backward) → bp_step's (units, loss, local, its constants)
             loss, local = plan.constants
-            _, _, units, func, kw = bp_step_arguments(plan.chain, local)
+            _, _, units, func, kw = bp_step_arguments(plan.graph, local)
             self.constants = (units, loss, func, kw)
         else:
             self.constants = plan.constants

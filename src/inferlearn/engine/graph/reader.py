@@ -77,7 +77,7 @@ def read_graph(model: nn.Module, need: str | None = None, rule: str = "this rule
         ...         h = self.act(self.inp(x))
         ...         return self.out(self.act(h + self.w(h)))
         >>> graph = read_graph(Residual())
-        >>> [node.sources for node in graph.links]    # node 2 sums the skip (from node 1) and the branch
+        >>> [node.sources for node in graph.nodes]    # node 2 sums the skip (from node 1) and the branch
         [(0,), (1, 1), (2,)]
         >>> graph.is_chain
         False

@@ -175,7 +175,7 @@ class _Reader:
 
     def __init__(self, model: nn.Module, gm: fx.GraphModule, shapes: dict):
         self.model, self.gm, self.shapes = model, gm, shapes
-        self.links: list[Node] = []
+        self.nodes: list[Node] = []
         self.env: dict = {}
         self.calls: list[tuple[str, nn.Module]] = []   # every module call, in order
         self.who = type(model).__name__
@@ -186,8 +186,8 @@ class _Reader:
     def new_node(self, expr: list, activation: nn.Module | None) -> list:
         units = units_of_module(activation) if activation is not None else None
         edges = tuple(Edge(s, tuple(maps), tuple(names)) for s, maps, names in expr)
-        self.links.append(Node(edges, activation, units))
-        return [(len(self.links), (), ())]
+        self.nodes.append(Node(edges, activation, units))
+        return [(len(self.nodes), (), ())]
 
     def materialise(self, expr: list) -> list:
         """A sum (or anything with maps) becomes a node with a linear unit: its value node."""
@@ -349,10 +349,10 @@ class _Reader:
             raise ValueError(f"Cannot read {self.who} as a graph: its forward must return one tensor computed "
                              "from its input (not a tuple or dict)")
         expr = self.env[res]
-        L = len(self.links)
+        L = len(self.nodes)
         if not (len(expr) == 1 and not expr[0][1] and expr[0][0] == L and L > 0):
             self.new_node(expr, None)
-        return self.links
+        return self.nodes
 
 
 def _keeps_batch(args, kw) -> bool:

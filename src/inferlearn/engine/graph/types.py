@@ -222,19 +222,19 @@ class Graph:
     """
 
     def __init__(self, model: nn.Module, links: Sequence[Node], modules: Sequence[nn.Module]):
-        self.model, self.links, self.modules = model, tuple(links), tuple(modules)
+        self.model, self.nodes, self.modules = model, tuple(links), tuple(modules)
         self.read_key: tuple | None = None   # set by the reader: how the graph was read, to tell whether it is current
 
     @property
     def depth(self) -> int:
         """The number of nodes ``L`` (a chain's number of layers)."""
-        return len(self.links)
+        return len(self.nodes)
 
     def prime(self) -> "Graph":
         """Compute every cached property of the chain, its nodes and its edges now: a function that
         ``torch.compile`` traces reads them, and dynamo cannot trace the lock of a first computation."""
         if not self.__dict__.get("_primed"):
-            for obj in (self, *self.links, *(e for link in self.links for e in link.edges)):
+            for obj in (self, *self.nodes, *(e for link in self.nodes for e in link.edges)):
                 for name, attr in vars(type(obj)).items():
                     if isinstance(attr, functools.cached_property):
                         getattr(obj, name)
@@ -244,13 +244,13 @@ class Graph:
     @functools.cached_property
     def is_chain(self) -> bool:
         """True when every node has one edge, from the node before it."""
-        return all(l.sources == (k - 1,) for k, l in enumerate(self.links, start=1))
+        return all(l.sources == (k - 1,) for k, l in enumerate(self.nodes, start=1))
 
     @functools.cached_property
     def children(self) -> tuple[tuple[tuple[int, Edge], ...], ...]:
         """``children[k]``: the ``(child node, edge)`` pairs reading node ``k`` (index 0: the input)."""
         out: list[list] = [[] for _ in range(self.depth + 1)]
-        for c, link in enumerate(self.links, start=1):
+        for c, link in enumerate(self.nodes, start=1):
             for e in link.edges:
                 out[e.source].append((c, e))
         return tuple(tuple(o) for o in out)
@@ -262,7 +262,7 @@ class Graph:
         The lifted energies weight node ``k``'s term by ``γ^{levels[k] − 1}``, so that every edge carries a
         feedback ratio of at most ``γ``."""
         lv = [0]
-        for link in self.links:
+        for link in self.nodes:
             lv.append(1 + max(lv[s] for s in link.sources))
         return tuple(lv)
 
@@ -270,22 +270,22 @@ class Graph:
     def is_dense(self) -> bool:
         """True when the model is a chain whose every map is one ``nn.Linear`` (a ``Flatten`` may precede the
         first), every hidden unit a box and the output linear: the case the fused MLP paths specialise."""
-        if not self.is_chain or any(l.linear is None for l in self.links) or not self.linear_output:
+        if not self.is_chain or any(l.linear is None for l in self.nodes) or not self.linear_output:
             return False
-        if any(isinstance(m, nn.Flatten) for l in self.links[1:] for m in l.maps):
+        if any(isinstance(m, nn.Flatten) for l in self.nodes[1:] for m in l.maps):
             return False
-        return all(l.units is not None for l in self.links[:-1])
+        return all(l.units is not None for l in self.nodes[:-1])
 
     @functools.cached_property
     def linear_output(self) -> bool:
         """True when the last link has no activation (or an identity)."""
-        last = self.links[-1]
+        last = self.nodes[-1]
         return last.activation is None or (last.units is not None and last.units.is_linear)
 
     def forward_all(self, x: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``([x, z_1, …, z_L], [x, a_1, …, a_L])``: activations and pre-activations of the forward pass."""
         zs, pre = [x], [x]
-        for link in self.links:
+        for link in self.nodes:
             a = link.pre(zs)
             pre.append(a)
             zs.append(link.act(a))
@@ -297,7 +297,7 @@ class Graph:
         Args:
             need: :data:`AFFINE` (affine maps, box units, linear output) or :data:`DIFFERENTIABLE`.
         """
-        for k, link in enumerate(self.links, start=1):
+        for k, link in enumerate(self.nodes, start=1):
             for name, m in zip(link.names, link.maps):
                 if need == AFFINE and not is_affine(m):
                     why = ("batch normalisation in training mode is not affine (call model.eval() or "
@@ -317,7 +317,7 @@ class Graph:
                                  "Identity, inferlearn.units.Clamp); use pc, backprop or fenchel-bp for other activations")
         if need == AFFINE and not self.linear_output:
             raise ValueError(f"Rule {rule!r} needs a linear output layer, but the model ends with "
-                             f"{type(self.links[-1].activation).__name__}; remove the final activation")
+                             f"{type(self.nodes[-1].activation).__name__}; remove the final activation")
 
 
 def check_single_use(calls) -> None:

@@ -120,10 +120,10 @@ class LiftedEnergy:
         if not chain.is_dense:
             raise ValueError(f"{type(chain.model).__name__} is not a dense chain (Linear layers with box units and "
                              "a linear output); use inferlearn.engine.layered.LayeredEnergy")
-        layers = [link.linear for link in chain.links]
+        layers = [link.linear for link in chain.nodes]
         ws = [layer.weight for layer in layers]            # detached by __init__
         bs = [layer.bias for layer in layers]
-        units = [link.units for link in chain.links[:-1]]
+        units = [link.units for link in chain.nodes[:-1]]
         if dtype is not None:
             ws = [w.to(dtype) for w in ws]
             bs = [None if b is None else b.to(dtype) for b in bs]

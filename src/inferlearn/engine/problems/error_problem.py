@@ -132,7 +132,7 @@ class ErrorProblem(BatchProblem):
             raise ValueError(f"Expected {len(zero)} error tensors of shapes {[tuple(z.shape) for z in zero]}")
 
     def _args(self):
-        links = self.energy.chain.prime().links
+        links = self.energy.graph.prime().nodes
         return links, self.x, self.states_problem._first_prediction(), self._target
 
     def gradients(self, errors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

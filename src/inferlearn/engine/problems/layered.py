@@ -72,7 +72,7 @@ class LayeredProblem(BatchProblem):
             for k in range(1, self.depth):
                 if k > 1:
                     pre.append(e.pre(k, zs))
-                zs.append(e.link(k).act(pre[k]))
+                zs.append(e.node(k).act(pre[k]))
             pre.append(e.pre(self.depth, zs))
             self._fwd = (zs[1:], pre)
         return self._fwd
@@ -81,7 +81,7 @@ class LayeredProblem(BatchProblem):
         """``[None, a_1, …, a_L]`` at ``hidden`` (``fresh_a1``: recompute ``a_1 = A_1(x)``, e.g. to
         differentiate with respect to the first layer's parameters, instead of the cached one)."""
         zs = [self.x, *hidden]
-        links = self.energy.chain.links
+        links = self.energy.graph.nodes
         a1 = links[0].pre(zs) if fresh_a1 else self.a1
         return [None, a1] + [links[k - 1].pre(zs) for k in range(2, self.depth + 1)]
 
@@ -147,7 +147,7 @@ class LayeredProblem(BatchProblem):
         else:
             for c, adjoint in outs:
                 new = adjoint.add_to(new, self.down(k, hidden, pre, c), t * e.feedback(k, c))
-        units = e.link(k).units if units is None else units
+        units = e.node(k).units if units is None else units
         lo, hi = units.clamp_bounds(new)
         return new if lo is None and hi is None else new.clamp_(min=lo, max=hi)   # a fresh tensor: in place
 
@@ -168,8 +168,8 @@ class LayeredProblem(BatchProblem):
         """
         e, z = self.energy, hidden[k - 1]
         cache, shape = e.curvature_cache, (tuple(z.shape[1:]), z.dtype, z.device)
-        if e.chain.is_chain:
-            link = e.link(k + 1)
+        if e.graph.is_chain:
+            link = e.node(k + 1)
             key = (k, *shape, version_key(link))
             if key not in cache:
                 cache[key] = operator_norm_sq(link, z.shape[1:], z.dtype, z.device)
@@ -193,15 +193,15 @@ class LayeredProblem(BatchProblem):
         turn, each child's pre-activation refreshed after it); on a chain whose maps above the first are lone
         ``nn.Linear`` layers, the compiled kernel :data:`~inferlearn.engine.solvers.lifted_sweep.LIFTED_SWEEP`."""
         e, L, t = self.energy, self.depth, list(steps)
-        if LIFTED_SWEEP.active(self.x.device) and e.chain.is_chain and all(
-                e.link(k).lone_linear for k in range(2, L + 1)) and all(h.dim() == 2 for h in hidden):
+        if LIFTED_SWEEP.active(self.x.device) and e.graph.is_chain and all(
+                e.node(k).lone_linear for k in range(2, L + 1)) and all(h.dim() == 2 for h in hidden):
             return self._linear_sweeps(hidden, pre, t)
         adj = self.adjoints(hidden)
-        units = [e.link(k).units for k in range(1, L)]
-        links = e.chain.links
+        units = [e.node(k).units for k in range(1, L)]
+        links = e.graph.nodes
         children = [None] + [sorted({c for c, _ in e.out_edges(k)}) for k in range(1, L)]
         zs = [self.x, *hidden]
-        chain = e.chain.is_chain
+        chain = e.graph.is_chain
 
         def sweep(check: bool) -> list[torch.Tensor]:
             moves = []
@@ -223,11 +223,11 @@ class LayeredProblem(BatchProblem):
     def _linear_sweeps(self, hidden: list[torch.Tensor], pre: list, t: list[float]):
         """The compiled sweep on a chain whose maps above the first are lone ``nn.Linear`` layers."""
         e, L = self.energy, self.depth
-        lins = [e.link(k).maps[0] for k in range(2, L + 1)]
+        lins = [e.node(k).maps[0] for k in range(2, L + 1)]
         Ws = [None] + [lin.weight.detach() for lin in lins]       # Ws[k]: z_k → a_{k+1}
         bs = [None] + [None if lin.bias is None else lin.bias.detach() for lin in lins]
         Wts = [None] + [W.t() for W in Ws[1:]]
-        bounds = tuple(plain_bounds(e.link(k).units, hidden[k - 1]) for k in range(1, L))
+        bounds = tuple(plain_bounds(e.node(k).units, hidden[k - 1]) for k in range(1, L))
         mask = self.clamped.reshape(-1, 1) if 0 < self.n_clamped < self.batch else None
         top = ("layered", self.n_clamped == 0, self.target if self.n_clamped else None, mask, self.free_shift)
         dev, dt = self.x.device, self.x.dtype
@@ -266,7 +266,7 @@ class LayeredProblem(BatchProblem):
         """``f_1(a_1)``, which no value node changes (computed once per batch)."""
         if self._p1 is None:
             with torch.no_grad():
-                self._p1 = self.energy.link(1).act(self.a1)
+                self._p1 = self.energy.node(1).act(self.a1)
         return self._p1
 
     def _penalty_gradients(self, hidden: Sequence[torch.Tensor], errors: list | None = None) -> list[torch.Tensor]:
@@ -275,7 +275,7 @@ class LayeredProblem(BatchProblem):
         if not hidden:
             return []
         e = self.energy
-        grads, norms = penalty_gradients(e.chain.links, self.x, self._first_prediction(), self.target, list(hidden),
+        grads, norms = penalty_gradients(e.graph.nodes, self.x, self._first_prediction(), self.target, list(hidden),
                                          tuple(e.term_weights), e.output, errors is not None)
         if errors is not None:
             errors.extend(norms)
@@ -293,10 +293,10 @@ class LayeredProblem(BatchProblem):
         """
         e = self.energy
         want = errors is not None and e.kind == "penalty"
-        if (hidden and len(hidden) == self.depth - 1 and LayeredProblem._vjp_form(self) and not e.chain.is_dense
+        if (hidden and len(hidden) == self.depth - 1 and LayeredProblem._vjp_form(self) and not e.graph.is_dense
                 and PC_GRAPH_STEP.active(self.x.device)):
             # a graph's step (conv nets, residual networks) as one compiled call: see PC_GRAPH_STEP
-            new, norms = PC_GRAPH_STEP(e.chain.prime().links, self.x, self._first_prediction(), self.target,
+            new, norms = PC_GRAPH_STEP(e.graph.prime().nodes, self.x, self._first_prediction(), self.target,
                                        list(hidden), float(eta), tuple(e.term_weights), e.output, want)
             if want:
                 errors.extend(norms)
@@ -321,16 +321,16 @@ class LayeredProblem(BatchProblem):
             for c, down, adj in downs:
                 adj.add_to_(z, down, eta * e.term_weights[c])
             if e.kind != "penalty":
-                lo, hi = e.link(k).units.clamp_bounds(z)
+                lo, hi = e.node(k).units.clamp_bounds(z)
                 if lo is not None or hi is not None:
                     z.clamp_(min=lo, max=hi)
         return hidden
 
     def _closed_form(self) -> bool:
         if getattr(self, "_affine", None) is None:
-            chain = self.energy.chain
-            self._affine = all(is_affine(m) for l in chain.links for m in l.maps) and all(
-                l.units is not None for l in chain.links[:-1]) and chain.linear_output
+            chain = self.energy.graph
+            self._affine = all(is_affine(m) for l in chain.nodes for m in l.maps) and all(
+                l.units is not None for l in chain.nodes[:-1]) and chain.linear_output
         return self._affine
 
     def _closed_form_parts(self, hidden: Sequence[torch.Tensor]):
@@ -343,7 +343,7 @@ class LayeredProblem(BatchProblem):
             self._adj = self.adjoints(hidden)
         pre = self.pre_of(hidden)
         zs = [self.x, *hidden, self.output(pre[L])]
-        links = e.chain.links
+        links = e.graph.nodes
         if e.kind != "penalty":
             errs = [None] + [e.error(c, zs[c], pre[c]) if links[c - 1].reads_hidden else None for c in range(1, L + 1)]
             for k in range(1, L):
@@ -375,7 +375,7 @@ class LayeredProblem(BatchProblem):
     def layer_errors(self, hidden: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """``ε_k = z_k − f_k(a_k)`` of the hidden nodes (the penalty energy's prediction errors; one forward pass)."""
         pre = self.pre_of(hidden)
-        return [z - self.energy.link(k).act(pre[k]) for k, z in enumerate(hidden, start=1)]
+        return [z - self.energy.node(k).act(pre[k]) for k, z in enumerate(hidden, start=1)]
 
     def residuals(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Per-row optimality residual ``max_k ‖z_k − Π_k(z_k − ∂E/∂z_k / w_k)‖_∞`` (0 at the minimiser)."""
@@ -411,7 +411,7 @@ class LayeredProblem(BatchProblem):
             if z.shape != f.shape:
                 raise ValueError(f"Hidden layer {k} must have shape {tuple(f.shape)}, got {tuple(z.shape)}")
             if self.energy.kind != "penalty" and not torch.equal(self.energy.project(k, z), z):
-                raise ValueError(f"Hidden layer {k} leaves its unit set {self.energy.link(k).units.name}")
+                raise ValueError(f"Hidden layer {k} leaves its unit set {self.energy.node(k).units.name}")
 
     def accumulate_weight_grads(self, hidden: Sequence[torch.Tensor], coef: torch.Tensor | float,
                                 layer_scale: Sequence[float] | None = None, precise: bool = True) -> None:
@@ -437,7 +437,7 @@ class LayeredProblem(BatchProblem):
         with torch.enable_grad():
             total = 0.0
             for k in range(1, self.depth + 1):
-                link = e.link(k)
+                link = e.node(k)
                 if not any(p.requires_grad for p in link.parameters()):
                     continue
                 s = e.term_weights[k] * (1.0 if layer_scale is None else layer_scale[k - 1])

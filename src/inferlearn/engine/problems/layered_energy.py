@@ -49,7 +49,7 @@ class LayeredEnergy:
     """``E(z) = Σ_k w_k T_k(z_k, A_k(z_{k-1}))`` over a chain, with the term ``kind``.
 
     Args:
-        chain: the model's chain.
+        graph: the model's graph.
         kind: ``"lifted"``, ``"penalty"`` or ``"fenchel"``.
         term_weights: ``[w_1, …, w_L]`` (positive).
         output: the output term of the ``penalty`` kind (:data:`OUTPUTS`): ``"se"``, the squared error
@@ -57,32 +57,32 @@ class LayeredEnergy:
             clamped target ``z_L`` (PCX's classification energy), whose error sent down is ``z_L − softmax(a_L)``.
     """
 
-    def __init__(self, chain: Graph, kind: str, term_weights: Sequence[float], output: str = "se"):
+    def __init__(self, graph: Graph, kind: str, term_weights: Sequence[float], output: str = "se"):
         if kind not in KINDS:
             raise ValueError(f"Unknown energy kind {kind!r}; choose one of {list(KINDS)}")
         if output not in OUTPUTS or (output != "se" and kind != "penalty"):
             raise ValueError(f"Invalid output: {output!r} (choose one of {list(OUTPUTS)}; 'ce' needs the penalty kind)")
         self.output = output
-        if len(term_weights) != chain.depth or not all(math.isfinite(w) and w > 0 for w in term_weights):
-            raise ValueError(f"Need {chain.depth} positive term weights, got {list(term_weights)}")
-        self.chain, self.kind = chain, kind
+        if len(term_weights) != graph.depth or not all(math.isfinite(w) and w > 0 for w in term_weights):
+            raise ValueError(f"Need {graph.depth} positive term weights, got {list(term_weights)}")
+        self.graph, self.kind = graph, kind
         self.term_weights = [0.0] + [float(w) for w in term_weights]   # index k = 1 … L
         #: the block curvatures computed for the step sizes (:meth:`LayeredProblem.block_curvature`), by parameter version
         self.curvature_cache: dict = {}
 
     @classmethod
-    def lifted(cls, chain: Graph, gamma: float, kind: str = "lifted") -> "LayeredEnergy":
+    def lifted(cls, graph: Graph, gamma: float, kind: str = "lifted") -> "LayeredEnergy":
         """Term weights ``w_k = γ^{ℓ_k − 1}`` (the lifted paper's feedback weight ``γ``), ``ℓ_k`` the longest path
         from the input to node ``k`` (:attr:`Graph.levels`; ``ℓ_k = k`` on a chain), so that every edge
         ``j → k`` has a feedback ratio ``w_k / w_j ≤ γ``."""
-        return cls(chain, kind, [gamma ** (chain.levels[k] - 1) for k in range(1, chain.depth + 1)])
+        return cls(graph, kind, [gamma ** (graph.levels[k] - 1) for k in range(1, graph.depth + 1)])
 
     @property
     def depth(self) -> int:
-        return self.chain.depth
+        return self.graph.depth
 
-    def link(self, k: int) -> Node:
-        return self.chain.links[k - 1]
+    def node(self, k: int) -> Node:
+        return self.graph.nodes[k - 1]
 
     def feedback(self, k: int, child: int | None = None) -> float:
         """``ρ = w_c / w_k`` for the edge from node ``k`` to node ``c = child`` (default ``k + 1``: a chain's ``ρ_k``)."""
@@ -90,15 +90,15 @@ class LayeredEnergy:
 
     def pre(self, k: int, zs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``a_k = Σ_{e into k} A_e(z_{source(e)})`` from the values ``zs = [x, z_1, …]`` (at least up to ``k − 1``)."""
-        return self.chain.links[k - 1].pre(zs)
+        return self.graph.nodes[k - 1].pre(zs)
 
     def out_edges(self, k: int):
         """The ``(child, edge)`` pairs reading node ``k``."""
-        return self.chain.children[k]
+        return self.graph.children[k]
 
     def term(self, k: int, z: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Per-row ``T_k(z_k, a_k)`` (unweighted)."""
-        link = self.link(k)
+        link = self.node(k)
         if self.output == "ce" and k == self.depth:
             return -(z * torch.log_softmax(link.act(a).flatten(1), dim=1)).sum(1)
         if self.kind == "penalty":
@@ -120,7 +120,7 @@ class LayeredEnergy:
         """
         if k == self.depth:
             return cross_entropy_gradient(a, z).neg_() if self.output == "ce" else z - a
-        units = self.link(k).units
+        units = self.node(k).units
         if self.kind == "lifted":
             return z - a
         if self.kind == "fenchel":
@@ -132,7 +132,7 @@ class LayeredEnergy:
         """``Π_{C_k}`` for hidden layer ``k`` (the identity for the unconstrained penalty variables)."""
         if self.kind == "penalty":
             return z
-        return self.link(k).units.project(z)
+        return self.node(k).units.project(z)
 
 
 def cross_entropy_gradient(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
