@@ -406,7 +406,13 @@ def cost_section(mnist, repeats: int = 9, batches: int = 10) -> str:
     x, labels = mnist.train_x[:50 * batches], mnist.train_y[:50 * batches]
 
     def imp(pkg, mod):
-        return __import__(f"{pkg.__name__}.{mod}", fromlist=["_"])
+        """``pkg.mod``; ``mod`` a tuple: the first that imports (a module moved between the revisions)."""
+        for name in (mod,) if isinstance(mod, str) else mod:
+            try:
+                return __import__(f"{pkg.__name__}.{name}", fromlist=["_"])
+            except ImportError:
+                continue
+        raise ImportError(f"none of {mod} in {pkg.__name__}")
 
     def rule_case(name, opts):
         def run(pkg):
@@ -421,7 +427,7 @@ def cost_section(mnist, repeats: int = 9, batches: int = 10) -> str:
 
     def solver_case(name):
         def run(pkg):
-            dense, solvers = imp(pkg, "engine.problems"), imp(pkg, "engine.solvers")
+            dense, solvers = imp(pkg, ("engine.problems", "engine.dense")), imp(pkg, "engine.solvers")   # today's home, or a revision's before the engine split
             model = imp(pkg, "models").MLP("784-64-64-64-10", "relu", seed=0)
             e = dense.LiftedEnergy.from_model(model, gamma=1 / 8)
             probs = [dense.contrastive_problem(e, x[50 * i:50 * i + 50], imp(pkg, "losses").one_hot(labels[50 * i:50 * i + 50], 10))
