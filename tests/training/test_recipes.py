@@ -281,6 +281,7 @@ def test_compare_takes_the_recipe_through_the_shared_config(tmp_path, capsys):
     saved = json.loads((out / "backprop" / "config.json").read_text())
     assert (saved["standardize"], saved["augment"], saved["optimizer"], saved["weight_decay"], saved["lr_schedule"]) == \
         ("on", "crop-flip:force", "adamw", 1e-3, "cosine")
-    table = (out / "comparison.md").read_text().splitlines()[0]
+    made, _, table = (out / "comparison.md").read_text().splitlines()[:3]
+    assert made.startswith("Made by `inferlearn compare --data digits") and "--weight-decay 1e-3" in made
     assert table.endswith("adamw lr 0.01, batch 50, seed 0, epochs 1, first 200 training samples, weight decay 0.001, "
                           "lr schedule cosine, inputs standardised per channel, crop-flip:force augmentation.")

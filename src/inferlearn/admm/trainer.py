@@ -37,11 +37,7 @@ drift in the near-null space of ``M`` and no longer match the test-time projecti
             closed-form minimiser, NMF scores S take a prox-linear NNLS step
     (3) U_t ← U_t + Z_t − f_t(Z_{t-1})        (NMF: U_t ← U_t + Z_{t-1} − S Mᵀ)
 
-**Algorithm 2 (online)** (docs/maths.md §C, reconstructed), per mini-batch ``(x, y)`` (e.g. augmented):
-initialise ``z`` by a forward pass, take ``z_steps`` gradient steps (rate ζ_t, per sample) on
-``J + Σ_t (λ_t h_t + (ρ_t/2) h_t²)`` with ``h_t = mean_i ‖z_{t,i} − f_t(z_{t-1,i})‖²``, then
-``primal_steps`` Θ steps on the same objective, then ``λ_t ← λ_t + ρ_t h_t``. One scalar dual per
-block, so no per-sample memory.
+**Algorithm 2 (online)**: :mod:`inferlearn.admm.online` (one scalar dual per block, no per-sample memory).
 
 **Adaptive penalty** (after Shi et al. 2017): after the primal steps of iteration ``k`` let
 ``h_k = sqrt(Σ_t mean_i ‖r_{t,i}‖²)`` be the constraint error. If ``h_k ≤ η_k = η_0 · η_decay^k``
@@ -105,12 +101,11 @@ class BlockADMM:
     Example:
         >>> import torch
         >>> from inferlearn.admm import ADMMConfig, BlockADMM, mlp, split_sequential
-        >>> torch.manual_seed(0) and None
         >>> blocks = split_sequential(mlp("4-8-3"))              # [Flatten, Linear], [ReLU, Linear]
         >>> trainer = BlockADMM(blocks, ADMMConfig(batch_size=8, lr=1e-2))
         >>> trainer.init_state(torch.randn(32, 4), torch.randint(0, 3, (32,)))   # Z_1 from a forward pass, U_1 = 0
-        >>> [tuple(z.shape) for z in trainer.Z]
-        [(32, 8)]
+        >>> trainer.Z[0].shape
+        torch.Size([32, 8])
         >>> metrics = trainer.epoch()                            # one outer iteration: Θ pass, Z update, duals
         >>> trainer.predict(torch.randn(2, 4)).shape
         torch.Size([2, 3])
