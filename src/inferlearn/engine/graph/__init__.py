@@ -13,9 +13,9 @@ from .protocol import NodeSpec, protocol_graph
 from .reader import as_graph, dense_graph, read_graph
 from .tracing import trace_graph
 from .types import (ACTIVATION_TYPES, AFFINE, AFFINE_TYPES, DIFFERENTIABLE, NORM_TYPES, SMOOTH_TYPES, Edge, Graph,
-                    Node, check_graph, check_module, check_single_use, declare_affine, declare_map, is_activation, is_affine,
+                    JointEdge, JointMap, Node, check_graph, check_module, check_single_use, declare_affine, declare_map, is_activation, is_affine,
                     is_map)
 
 __all__ = ["ACTIVATION_TYPES", "AFFINE", "AFFINE_TYPES", "DIFFERENTIABLE", "NORM_TYPES", "SMOOTH_TYPES", "Edge", "Graph",
-           "Node", "NodeSpec", "as_graph", "check_graph", "check_module", "check_single_use", "declare_affine",
+           "JointEdge", "JointMap", "Node", "NodeSpec", "as_graph", "check_graph", "check_module", "check_single_use", "declare_affine",
            "declare_map", "dense_graph", "is_activation", "is_affine", "is_map", "protocol_graph", "read_graph", "trace_graph"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ...units import units_of_module
-from .types import is_activation, Edge, Node, check_graph, is_map
+from .types import is_activation, Edge, JointEdge, JointMap, Node, check_graph, is_map
 
 
 @dataclass
@@ -19,7 +19,9 @@ class NodeSpec:
     Attributes:
         inputs: ``(source, maps)`` pairs: the node's pre-activation is the sum over pairs of ``maps``
             (a module, a sequence of modules applied in order, or ``()`` for the identity) applied to the
-            value of node ``source`` (0 = the input, ``i`` = the ``i``-th node, 1-based).
+            value of node ``source`` (0 = the input, ``i`` = the ``i``-th node, 1-based). A pair
+            ``((s1, s2, …), module)`` is a joint map ``module(z_{s1}, z_{s2}, …)`` of several nodes (attention, a
+            gate): any differentiable module taking one tensor per source, which the lifted energies refuse.
         unit: the activation after the sum (``None``: a linear node, e.g. the output).
     """
 
@@ -42,6 +44,9 @@ def protocol_graph(model: nn.Module) -> list[Node]:
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
                 raise TypeError(f"{who}.inferlearn_graph(): node {k}'s inputs must be (source, maps) pairs")
             source, maps = pair
+            if isinstance(source, (tuple, list)):
+                edges.append(_joint_edge(who, k, tuple(source), maps, named))
+                continue
             maps = (maps,) if isinstance(maps, nn.Module) else tuple(maps)
             if not all(isinstance(m, nn.Module) for m in maps):
                 raise TypeError(f"{who}.inferlearn_graph(): node {k}'s maps must be nn.Module objects")
@@ -58,3 +63,16 @@ def protocol_graph(model: nn.Module) -> list[Node]:
         links.append(Node(tuple(edges), unit, units_of_module(unit) if unit is not None else None))
     check_graph(model, links)
     return links
+
+
+def _joint_edge(who: str, k: int, sources: tuple, module, named: dict) -> JointEdge:
+    """The joint map ``module(z_{sources[0]}, …)`` of a :class:`NodeSpec` pair ``(sources, module)``."""
+    if not sources or len(set(sources)) != len(sources) or not all(
+            isinstance(s, int) and not isinstance(s, bool) for s in sources):
+        raise TypeError(f"{who}.inferlearn_graph(): node {k}'s joint sources must be distinct node indices, "
+                        f"got {sources!r}")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{who}.inferlearn_graph(): node {k}'s joint map must be one nn.Module taking {len(sources)} "
+                        f"tensors, got {type(module).__name__}")
+    name = named.get(id(module), f"inferlearn_graph()[{k - 1}]")
+    return JointEdge(sources, JointMap(lambda values: module(*values), (module,), name), (module,), (name,))

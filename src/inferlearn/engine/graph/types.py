@@ -123,9 +123,81 @@ class Edge:
             z = m(z)
         return z
 
+    @property
+    def sources(self) -> tuple[int, ...]:
+        """``(source,)``: the nodes the edge reads (one; a :class:`JointEdge` reads several)."""
+        return (self.source,)
+
+    @functools.cached_property
+    def affine(self) -> bool:
+        """Whether every map of the edge is affine (what the lifted energies need)."""
+        return all(is_affine(m) for m in self.maps)
+
+    def apply(self, zs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``A(z_source)`` given the values ``zs = [x, z_1, …]`` of the nodes."""
+        return self.map(zs[self.source])
+
     def parameters(self):
         for m in self.maps:
             yield from m.parameters()
+
+
+class JointMap(nn.Module):
+    """A differentiable function of several node values, ``g(z_{p1}, …, z_{pm}; θ)``, as one module: an ``fx``
+    sub-graph between value nodes (attention ``softmax(QKᵀ/√d) V``, a gated unit ``σ(W u) ⊙ V v``), evaluated as one
+    call. ``parts`` holds the modules it calls (registered, so that ``parameters()`` and
+    ``torch.func.functional_call`` see their weights); ``fn(values)`` computes it from the values of its
+    sources, in the order of :attr:`JointEdge.sources`."""
+
+    def __init__(self, fn, parts: Sequence[nn.Module], text: str = ""):
+        super().__init__()
+        self.fn, self.parts, self.text = fn, nn.ModuleList(parts), text
+
+    def forward(self, *values: torch.Tensor) -> torch.Tensor:
+        return self.fn(values)
+
+    def extra_repr(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, eq=False)
+class JointEdge:
+    """An incoming map that reads several nodes (or one node non-linearly through several paths that meet, as
+    attention does): ``g(z_{sources[0]}, …)``, a :class:`JointMap` (``fn``). It is never affine: the lifted energies
+    refuse it by name; predictive coding, ePC, MAC, Fenchel BP and BP differentiate it (a vector–Jacobian product to
+    every source).
+
+    Attributes:
+        sources: the nodes it reads, each once, in the order ``fn`` takes them (0 = the input ``x``).
+        fn: the function, a module taking one tensor per source.
+        maps: the modules ``fn`` calls (their parameters are the edge's).
+        names: their dotted paths in the model, and the operations' names (for messages).
+    """
+
+    sources: tuple[int, ...]
+    fn: JointMap
+    maps: tuple[nn.Module, ...]
+    names: tuple[str, ...]
+
+    linear = None
+    lone_linear = False
+    affine = False
+
+    @property
+    def source(self) -> int:
+        """The first source (a one-source joint edge reads only it)."""
+        return self.sources[0]
+
+    def map(self, *zs: torch.Tensor) -> torch.Tensor:
+        """``g(z_{sources[0]}, …)`` given the sources' values in order."""
+        return self.fn(*zs)
+
+    def apply(self, zs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``g`` given the values ``zs = [x, z_1, …]`` of the nodes."""
+        return self.fn(*[zs[s] for s in self.sources])
+
+    def parameters(self):
+        return self.fn.parameters()
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +235,18 @@ class Node:
 
     @functools.cached_property
     def sources(self) -> tuple[int, ...]:
-        return tuple(e.source for e in self.edges)
+        """The nodes the node reads, in the order of its edges (a joint edge's several sources in its order)."""
+        return tuple(s for e in self.edges for s in e.sources)
+
+    @functools.cached_property
+    def joint(self) -> bool:
+        """Whether an incoming map reads several nodes or is a traced function (a :class:`JointEdge`)."""
+        return any(isinstance(e, JointEdge) for e in self.edges)
+
+    @functools.cached_property
+    def affine(self) -> bool:
+        """Whether every incoming map is affine (no joint edge)."""
+        return all(e.affine for e in self.edges)
 
     @functools.cached_property
     def reads_hidden(self) -> bool:
@@ -188,11 +271,9 @@ class Node:
     def pre(self, zs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``a_k = Σ_e A_e(z_{source(e)})`` given the values ``zs = [x, z_1, …]`` of the nodes before it."""
         edges = self.edges
-        if len(edges) == 1:
-            return edges[0].map(zs[edges[0].source])
-        a = edges[0].map(zs[edges[0].source])
+        a = edges[0].apply(zs)
         for e in edges[1:]:
-            a = a + e.map(zs[e.source])
+            a = a + e.apply(zs)
         return a
 
     def act(self, a: torch.Tensor) -> torch.Tensor:
@@ -252,7 +333,8 @@ class Graph:
         out: list[list] = [[] for _ in range(self.depth + 1)]
         for c, link in enumerate(self.nodes, start=1):
             for e in link.edges:
-                out[e.source].append((c, e))
+                for s in dict.fromkeys(e.sources):
+                    out[s].append((c, e))
         return tuple(tuple(o) for o in out)
 
     @functools.cached_property
@@ -298,6 +380,12 @@ class Graph:
             need: :data:`AFFINE` (affine maps, box units, linear output) or :data:`DIFFERENTIABLE`.
         """
         for k, link in enumerate(self.nodes, start=1):
+            if need == AFFINE and link.joint:
+                where = ", ".join(n for e in link.edges if isinstance(e, JointEdge) for n in e.names[:4])
+                raise ValueError(f"Rule {rule!r} cannot use node {k} ({where}): its prediction is a non-affine "
+                                 "function of its inputs (a product of two tensors, attention, a gate or another "
+                                 "traced operation); the lifted energies need affine maps. Use pc, epc, mac, "
+                                 "fenchel-bp or backprop on this model")
             for name, m in zip(link.names, link.maps):
                 if need == AFFINE and not is_affine(m):
                     why = ("batch normalisation in training mode is not affine (call model.eval() or "
@@ -344,11 +432,11 @@ def check_graph(model: nn.Module, links: Sequence[Node]) -> None:
     for k, link in enumerate(links, start=1):
         if not link.edges:
             raise ValueError(f"{who}: node {k} has no inputs")
-        for e in link.edges:
-            if not (isinstance(e.source, int) and 0 <= e.source < k):
-                raise ValueError(f"{who}: node {k} reads node {e.source}, which does not come before it "
+        for s in link.sources:
+            if not (isinstance(s, int) and 0 <= s < k):
+                raise ValueError(f"{who}: node {k} reads node {s}, which does not come before it "
                                  "(nodes must be in topological order; 0 is the input)")
-            used[e.source] = True
+            used[s] = True
     for k in range(1, len(links)):
         if not used[k]:
             name = links[k - 1].names[-1] if links[k - 1].names else f"node {k}"

@@ -329,7 +329,7 @@ class LayeredProblem(BatchProblem):
     def _closed_form(self) -> bool:
         if getattr(self, "_affine", None) is None:
             chain = self.energy.graph
-            self._affine = all(is_affine(m) for l in chain.nodes for m in l.maps) and all(
+            self._affine = all(l.affine for l in chain.nodes) and all(
                 l.units is not None for l in chain.nodes[:-1]) and chain.linear_output
         return self._affine
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..compiled import CompiledStep
-from ..graph import Node
+from ..graph import JointEdge, Node
 from .layered_energy import cross_entropy_gradient
 
 
@@ -67,20 +67,29 @@ PC_GRAPH_STEP = CompiledStep(_penalty_step, "the predictive-coding step of a gra
 
 
 def pre_float64(link: Node, zs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """``a_k = Σ_e A_e(z_{source(e)})`` in float64 through float64 copies of the maps' parameters (and buffers).
+    """``a_k = Σ_e A_e(z_{source(e)})`` in float64 through float64 copies of the maps' parameters (and buffers); a
+    joint edge ``g(z_{p1}, …)`` as one call of its function.
 
     Returns the output and the ``(parameter, float64 leaf)`` pairs of the trainable parameters.
     """
     leaves, a = [], None
     for edge in link.edges:
-        z = zs[edge.source].double()
-        for m in edge.maps:
-            state = {n: b.double() if b.is_floating_point() else b for n, b in m.named_buffers()}
-            for n, p in m.named_parameters():
-                q = p.detach().double().requires_grad_(p.requires_grad)
-                state[n] = q
-                if p.requires_grad:
-                    leaves.append((p, q))
-            z = torch.func.functional_call(m, state, (z,))
+        if isinstance(edge, JointEdge):
+            z = _call_float64(edge.fn, [zs[s].double() for s in edge.sources], leaves)
+        else:
+            z = zs[edge.source].double()
+            for m in edge.maps:
+                z = _call_float64(m, [z], leaves)
         a = z if a is None else a + z
     return a, leaves
+
+
+def _call_float64(m: torch.nn.Module, inputs: list[torch.Tensor], leaves: list) -> torch.Tensor:
+    """``m(*inputs)`` with float64 copies of its parameters and buffers (the trainable ones appended to ``leaves``)."""
+    state = {n: b.double() if b.is_floating_point() else b for n, b in m.named_buffers()}
+    for n, p in m.named_parameters():
+        q = p.detach().double().requires_grad_(p.requires_grad)
+        state[n] = q
+        if p.requires_grad:
+            leaves.append((p, q))
+    return torch.func.functional_call(m, state, tuple(inputs))
