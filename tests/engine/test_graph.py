@@ -146,15 +146,6 @@ class _Dynamic(nn.Module):
         return self.fc(x) if x.sum() > 0 else -self.fc(x)
 
 
-class _Product(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 3), nn.Linear(16, 3)
-
-    def forward(self, x):
-        return self.a(x) * self.b(x)
-
-
 class _RawWeight(nn.Module):
     def __init__(self):
         super().__init__()
@@ -176,7 +167,6 @@ class _Dead(nn.Module):
 
 @pytest.mark.parametrize("model,match", [
     (_Dynamic(), r"Cannot read _Dynamic as a graph: torch.fx cannot trace its forward .*inferlearn_graph"),
-    (_Product(), r"node 'mul' \(call function mul\) multiplies two tensors"),
     (_RawWeight(), r"node 'w' .*uses a tensor attribute"),
     (_Dead(), r"value after 'b' \(node 1\) is not used"),
 ])

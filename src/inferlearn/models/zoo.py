@@ -14,6 +14,8 @@ the choices.
 | `resnet18` | CIFAR ResNet-18 (:func:`~inferlearn.models.resnet.resnet18`) | `width`, `bn`, `shortcut`, `act`      |
 | `resmlp`   | residual MLP (:func:`~inferlearn.models.residual_mlp.resmlp`) | `depth`, `width`, `param`, `scale`, `plain`, |
 |            | in the standard or μPC parameterisation                      | `nodes`, `act`                        |
+| `vit`      | vision transformer (:func:`~inferlearn.models.vit.vit`)      | `depth`, `width`, `heads`, `patch`,   |
+|            |                                                             | `pool`, `act`                         |
 
 Every zoo model is a plain ``nn.Module`` that ``torch.fx.symbolic_trace`` traces (no data-dependent
 control flow, one activation module per use, residual sums written with ``+``) and is seeded by ``seed``.
@@ -31,6 +33,7 @@ from .pcx_mlp import pcx_mlp
 from .residual_mlp import DEPTH_SCALE, NODES, PARAMS, parse_scale, resmlp
 from .resnet import BN_MODES, SHORTCUTS, resnet18, resnet20
 from .vgg import POOLS, vgg5, vgg7
+from .vit import POOLS as VIT_POOLS, vit
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,12 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
                                 "plain": Option(_boolean, "true or false (bare 'plain' is true)", flag=True),
                                 "nodes": _choice(NODES), "act": ACT},
              "residual MLP for depth studies (SP or muPC)"),
+    ZooModel("vit", vit, {"depth": Option(_positive_int, "a positive integer (transformer blocks)"),
+                          "width": Option(_positive_int, "a positive integer (the token dimension)"),
+                          "heads": Option(_positive_int, "a positive integer dividing width"),
+                          "patch": Option(_positive_int, "a positive integer dividing the image's side"),
+                          "pool": _choice(VIT_POOLS), "act": ACT},
+             "vision transformer (pre-norm; 4 blocks of width 64 on 4x4 patches)"),
 )}
 
 
