@@ -4,7 +4,7 @@ For each seed the driver builds the final run's data exactly as ``inferlearn ben
 (:func:`inferlearn.training.build`: colour CIFAR-10, standardised per channel with the training split's statistics,
 the crop/flip generator of that seed) and exports, for every epoch, inferlearn's batch order and its crop/flip
 draws; ``pcx_conv_worker.py`` then trains PCX's own network (PCX's initialisation) on those images in that order,
-with PCX's training step and the recipe's hyper-parameters (``inferlearn.benchmark.protocols.PCX_VGG5`` /
+with PCX's training step and the recipe's hyper-parameters (``inferlearn.benchmark.pcx_recipes.PCX_VGG5`` /
 ``PCX_VGG7``, the files of PCX's benchmark), in PCX's own virtual environment pinned to one core with one XLA
 thread. The results go into the benchmark folder as ``pcx.json``, which the benchmark's table shows as the column
 "PCX, this budget" beside the row of the same recipe (the next ``inferlearn benchmark`` run into that folder, which
@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from inferlearn.benchmark import PROTOCOLS, parse_budget
-from inferlearn.benchmark.protocols import PCX_VGG5, PCX_VGG7, scaled_epochs
+from inferlearn.benchmark.pcx_recipes import PCX_VGG5, PCX_VGG7
+from inferlearn.benchmark.protocols import scaled_epochs
 from inferlearn.training import build
 from inferlearn.training.config import TrainConfig
 from inferlearn.training.loop import batch_order

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from inferlearn.benchmark import PROTOCOLS, Settings, parse_budget
-from inferlearn.benchmark.protocols import PCX_VGG5, PCX_VGG7, pcx_betas
+from inferlearn.benchmark.pcx_recipes import PCX_VGG5, PCX_VGG7, pcx_betas
 from inferlearn.benchmark.report import pcx_protocol
 from inferlearn.benchmark.runner import plan
 from inferlearn.cli import main
