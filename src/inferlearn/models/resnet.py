@@ -13,7 +13,8 @@ Stages after the first start with a stride-2 block. Every shortcut is linear or 
   zero-padded with the new channels (:class:`PadShortcut`, a linear map);
 * ``shortcut="b"`` (ResNet-18's default, option B): ``Conv1×1(stride 2) → [BN]``, affine.
 
-Batch normalisation (``bn=``):
+Batch normalisation (``bn=``; ``train`` is ``nn.BatchNorm2d`` with batch statistics in training mode, which
+back-propagation, predictive coding and ePC read, the other energy rules refuse):
 
 * ``off`` (default): no normalisation; every convolution has a bias instead (BN's shift).
 * ``eval``: ``Conv (no bias) → BN`` with :class:`EvalBatchNorm2d`, which stays in evaluation mode, so it is
@@ -44,7 +45,7 @@ from .vgg import scaled_width
 
 RESNET20_STAGES = ((16, 3), (32, 3), (64, 3))              # (channels, blocks) per stage
 RESNET18_STAGES = ((64, 2), (128, 2), (256, 2), (512, 2))
-BN_MODES = ("off", "eval")
+BN_MODES = ("off", "eval", "train")
 SHORTCUTS = ("a", "b")
 
 
@@ -89,28 +90,31 @@ class PadShortcut(nn.Module):
         return f"stride={self.stride}, pad=({self.before}, {self.after})"
 
 
-def _conv(c_in: int, c_out: int, kernel: int, stride: int, bn: bool) -> nn.Conv2d:
-    return nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=not bn)
+def _conv(c_in: int, c_out: int, kernel: int, stride: int, bn: str) -> nn.Conv2d:
+    return nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=bn == "off")
 
 
-def _norm(channels: int, bn: bool) -> nn.Module:
-    return EvalBatchNorm2d(channels) if bn else nn.Identity()
+def _norm(channels: int, bn: str) -> nn.Module:
+    if bn == "eval":
+        return EvalBatchNorm2d(channels)
+    return nn.BatchNorm2d(channels) if bn == "train" else nn.Identity()
 
 
 class BasicBlock(nn.Module):
-    """``act2(BN(Conv3×3(act1(BN(Conv3×3_s(x))))) + shortcut(x))`` (BN only with ``bn=True``).
+    """``act2(BN(Conv3×3(act1(BN(Conv3×3_s(x))))) + shortcut(x))`` (BN unless ``bn="off"``).
 
     Args:
         c_in: channels in.
         c_out: channels out.
         stride: stride of the first convolution (and of the shortcut).
         act: activation name, one module per use.
-        bn: :class:`EvalBatchNorm2d` after each convolution (else convolutions with a bias).
+        bn: ``"eval"`` (:class:`EvalBatchNorm2d`) or ``"train"`` (``nn.BatchNorm2d``) after each convolution, or
+            ``"off"`` (convolutions with a bias instead).
         shortcut: ``"a"`` (:class:`PadShortcut`) or ``"b"`` (``Conv1×1 → [BN]``) when the shape changes;
             the identity otherwise.
     """
 
-    def __init__(self, c_in: int, c_out: int, stride: int, act: str, bn: bool, shortcut: str):
+    def __init__(self, c_in: int, c_out: int, stride: int, act: str, bn: str, shortcut: str):
         super().__init__()
         self.conv1, self.norm1, self.act1 = _conv(c_in, c_out, 3, stride, bn), _norm(c_out, bn), make_activation(act)
         self.conv2, self.norm2 = _conv(c_out, c_out, 3, 1, bn), _norm(c_out, bn)
@@ -135,7 +139,8 @@ class ResNet(nn.Module):
         image_shape: ``(C, H, W)`` of one input image (any size: the pooling is global).
         n_classes: outputs of the final ``Linear``.
         width: channel multiplier.
-        bn: ``"off"`` or ``"eval"``.
+        bn: ``"off"``, ``"eval"`` or ``"train"`` (``nn.BatchNorm2d``, batch statistics in training mode: back-propagation,
+            predictive coding and ePC read it; :mod:`inferlearn.rules.batch_layers`).
         shortcut: ``"a"`` or ``"b"``.
         act: activation name, one module per use.
         seed: seed of the initialisation: convolutions ``N(0, 2/fan_in)`` (He et al. 2015) with zero
@@ -162,7 +167,7 @@ class ResNet(nn.Module):
             raise ValueError(f"Unknown batch-normalisation mode {bn!r}; choose one of {', '.join(BN_MODES)}")
         if shortcut not in SHORTCUTS:
             raise ValueError(f"Unknown shortcut {shortcut!r}; choose one of {', '.join(SHORTCUTS)}")
-        act, use_bn = activation_name(act), bn == "eval"
+        act, use_bn = activation_name(act), bn
         self.input = ImageInput(1, (C, H, W)) if flat_input else nn.Identity()
         c = scaled_width(stages[0][0], width)
         self.stem, self.stem_norm, self.stem_act = _conv(C, c, 3, 1, use_bn), _norm(c, use_bn), make_activation(act)

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from ..engine.compiled import compiling
+from .batch_layers import batch_layers
 from ..losses import check_labels
 from ..tensors import accumulate_grad, all_finite, has_only_finite  # noqa: F401  (accumulate_grad: public here)
 
@@ -79,6 +80,8 @@ class Rule(abc.ABC):
 
     name: ClassVar[str] = ""
     recommended_lr: ClassVar[dict] = {"sgd": 0.05, "adam": 0.001}
+    #: whether the rule reads BatchNorm in training mode and dropout (:mod:`inferlearn.rules.batch_layers`)
+    reads_batch_layers: ClassVar[bool] = False
 
     def backward(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
                  index: torch.Tensor | None = None, *, validated: bool = False, compile: str | None = None) -> StepInfo:
@@ -103,9 +106,7 @@ class Rule(abc.ABC):
             with compiling(compile):
                 return self.backward(model, x, labels, index, validated=validated)
         if validated:
-            if index is not None and isinstance(self, PerSampleRule):
-                return self._backward(model, x, labels, index=index)
-            return self._backward(model, x, labels)
+            return self._run(model, x, labels, index)
         if not torch.is_tensor(x) or x.dim() < 2 or x.shape[0] == 0:
             raise ValueError(f"Expected a non-empty batch of inputs (batch, features...), got "
                              f"{tuple(x.shape) if torch.is_tensor(x) else type(x).__name__}")
@@ -125,7 +126,21 @@ class Rule(abc.ABC):
             raise ValueError("Input contains NaN or inf values")
         check_labels(labels, getattr(model, "out_features", None), batch=x.shape[0])
         if index is not None and isinstance(self, PerSampleRule):
-            return self._backward(model, x, labels, index=check_index(index, x.shape[0]))
+            index = check_index(index, x.shape[0])
+        return self._run(model, x, labels, index)
+
+    def _run(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor, index: torch.Tensor | None) -> StepInfo:
+        """:meth:`_backward` on a checked batch (with the sample index for a :class:`PerSampleRule`), within
+        :func:`~inferlearn.rules.batch_layers.batch_layers` for a rule that reads BatchNorm in training mode and
+        dropout."""
+        if self.reads_batch_layers and model.training:
+            with batch_layers(model, x):
+                return self._run_plain(model, x, labels, index)
+        return self._run_plain(model, x, labels, index)
+
+    def _run_plain(self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor, index) -> StepInfo:
+        if index is not None and isinstance(self, PerSampleRule):
+            return self._backward(model, x, labels, index=index)
         return self._backward(model, x, labels)
 
     def __setattr__(self, name: str, value) -> None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.graph import DIFFERENTIABLE, read_graph
+from ..engine.graph import COUPLED, read_graph
 from ..engine.problems import ErrorProblem
 from ..engine.problems import LayeredProblem
 from ..engine.solvers import GradientSteps
@@ -113,7 +113,7 @@ class ErrorPredictiveCoding(PredictiveCoding):
         return (errors_problem.states(errors) if errors else []), info
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
-        return read_graph(model, DIFFERENTIABLE, self.name, example=x), False
+        return read_graph(model, COUPLED, self.name, example=x), False
 
     def dense_plan(self, model: nn.Module):
         """``None``: ePC has no whole-batch fused loop."""

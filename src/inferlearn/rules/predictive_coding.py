@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from ..engine.graph import DIFFERENTIABLE, Graph, read_graph
+from ..engine.graph import COUPLED, NORM_TYPES, Graph, read_graph
 from ..engine.fused import DensePlan, accumulate_dense_grads, dense_predictive_coding, pc_batch_stats, pc_constants
 from ..engine.problems import OUTPUTS, LayeredEnergy, LayeredProblem, NudgedOutputProblem
 from ..engine.phases import NUDGINGS, check_beta, nudged_phases
@@ -138,6 +138,7 @@ class PredictiveCoding(Rule):
     """
 
     name = "pc"
+    reads_batch_layers = True
     recommended_lr = {"sgd": 0.4, "adam": 1e-4}   # benchmarks/tune_defaults.py, validation splits
     steps: int = 20
     step_size: float = 0.1
@@ -295,7 +296,7 @@ class PredictiveCoding(Rule):
         return loss
 
     def _chain(self, model: nn.Module, x: torch.Tensor):
-        chain = read_graph(model, DIFFERENTIABLE, self.name, example=x)
+        chain = read_graph(model, COUPLED, self.name, example=x)
         fused = (chain.is_dense and self.engine != "generic" and self.inference_optimizer == "sgd"
                  and self.nudging == "clamp" and self.weight_step is None)
         if self.engine == "fused" and not fused:
@@ -341,6 +342,10 @@ class PredictiveCoding(Rule):
         phases = [p for p in nudged_phases(self.nudging) if p.sign != 0]   # ∇θF of the free phase is 0
         rows = lambda v: torch.cat([torch.full((B,), float(v(p)), dtype=x.dtype, device=x.device) for p in phases])
         n = len(phases)
+        if n > 1 and any(isinstance(m, NORM_TYPES) and m.training for m in chain.modules):
+            raise ValueError(f"{self.name}: nudging={self.nudging!r} solves its {n} phases as one stacked batch, over "
+                             "which BatchNorm in training mode would mix the phases' statistics; use nudging=clamp, "
+                             "target or positive, or model.eval() on the BatchNorm layers")
         problem = NudgedOutputProblem(energy, torch.cat([x] * n), torch.cat([y] * n), rows(lambda p: p.sign),
                                       self.beta, self.output, a1=torch.cat([free.a1] * n))
         hidden, info = self._infer(problem)

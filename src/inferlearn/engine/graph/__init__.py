@@ -12,10 +12,10 @@ The modules import in that order (types ← readers ← reader): no cycle.
 from .protocol import NodeSpec, protocol_graph
 from .reader import as_graph, dense_graph, read_graph
 from .tracing import trace_graph
-from .types import (ACTIVATION_TYPES, AFFINE, AFFINE_TYPES, DIFFERENTIABLE, NORM_TYPES, SMOOTH_TYPES, Edge, Graph,
+from .types import (ACTIVATION_TYPES, AFFINE, AFFINE_TYPES, COUPLED, DIFFERENTIABLE, DROPOUT_TYPES, NORM_TYPES, SMOOTH_TYPES, Edge, Graph,
                     JointEdge, JointMap, Node, check_graph, check_module, check_single_use, declare_affine, declare_map, is_activation, is_affine,
                     is_map)
 
-__all__ = ["ACTIVATION_TYPES", "AFFINE", "AFFINE_TYPES", "DIFFERENTIABLE", "NORM_TYPES", "SMOOTH_TYPES", "Edge", "Graph",
+__all__ = ["ACTIVATION_TYPES", "AFFINE", "AFFINE_TYPES", "COUPLED", "DIFFERENTIABLE", "DROPOUT_TYPES", "NORM_TYPES", "SMOOTH_TYPES", "Edge", "Graph",
            "JointEdge", "JointMap", "Node", "NodeSpec", "as_graph", "check_graph", "check_module", "check_single_use", "declare_affine",
            "declare_map", "dense_graph", "is_activation", "is_affine", "is_map", "protocol_graph", "read_graph", "trace_graph"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from ...units import units_of_module
-from .types import is_activation, NORM_TYPES, SMOOTH_TYPES, Graph, Node, check_single_use, is_affine
+from .types import is_activation, DROPOUT_TYPES, NORM_TYPES, SMOOTH_TYPES, Graph, Node, check_single_use, is_affine
 
 
 def _leaves(module: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
@@ -79,7 +79,7 @@ def read_sequential(model: nn.Module) -> Graph:
                                  "and units (x → map → unit → map → … → map)")
             links.append(Node.of_chain(len(links), maps, m, units, names))
             maps, names = [], []
-        elif is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES):
+        elif is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES + DROPOUT_TYPES):
             maps.append(m)
             names.append(name)
         else:
@@ -100,4 +100,4 @@ class NotAChain(Exception):
 
 def is_chain_leaf(m: nn.Module) -> bool:
     return is_activation(m) or is_affine(m) or isinstance(
-        m, SMOOTH_TYPES + NORM_TYPES)
+        m, SMOOTH_TYPES + NORM_TYPES + DROPOUT_TYPES)

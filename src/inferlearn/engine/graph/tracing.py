@@ -27,8 +27,8 @@ Value nodes sit after every activation and after every sum read twice (a residua
 transformer block ``x + attn(ln(x))`` the attention is one joint map into the stream's node; a module declared
 with :func:`~inferlearn.engine.graph.types.declare_map` is one map with no value node inside. Refused in one line
 naming the node and the fix: data-dependent control flow, a tensor attribute used directly, the input's shape read
-at run time, and operations that are not differentiable or are random (``detach``, ``argmax``, dropout in training
-mode). What fx cannot trace can still be given by the
+at run time, and operations that are not differentiable or are random (``detach``, ``argmax``, ``F.dropout``; a
+dropout *module* is a map, whose mask predictive coding and ePC hold fixed per batch). What fx cannot trace can still be given by the
 **graph protocol** (:mod:`~inferlearn.engine.graph.protocol`): a method ``inferlearn_graph(self)`` returning
 :class:`~inferlearn.engine.graph.protocol.NodeSpec` objects in topological
 order (node ``i`` is the ``i``-th, 1-based; source 0 is the input; the last node is the output).
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ...units import units_of_module
-from .types import is_activation, Edge, JointEdge, JointMap, Node, check_graph, check_single_use, is_map
+from .types import is_activation, DROPOUT_TYPES, Edge, JointEdge, JointMap, Node, check_graph, check_single_use, is_map
 
 
 class Scale(nn.Module):
@@ -390,14 +390,11 @@ class _Reader:
     def call_module(self, node: fx.Node) -> list:
         m = self.gm.get_submodule(node.target)
         self.calls.append((node.target, m))
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training:
-            self.refuse(node, "is dropout in training mode (random at every inference step)",
-                        "call model.eval() on it, or remove it")
         if len(node.args) != 1 or node.kwargs or any(not isinstance(self.env.get(a), list) for a in node.args):
             return self.joint(node, m, (m,))   # several arguments (attention's q, k, v): one joint map
         x = self.tensor(node, node.args[0])
-        if isinstance(m, (nn.Identity, nn.modules.dropout._DropoutNd)):
-            return x
+        if isinstance(m, nn.Identity) or (isinstance(m, DROPOUT_TYPES) and m.p == 0):
+            return x   # (dropout with p > 0 is a map even in eval mode: the graph stays right when the mode changes)
         if getattr(m, "inferlearn_map", False) or getattr(m, "inferlearn_affine", False):
             return self.apply(x, m, node.target)
         if is_activation(m):

@@ -29,11 +29,13 @@ AFFINE_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.AvgPool1d, nn.Avg
 SMOOTH_TYPES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d,
                 nn.LayerNorm, nn.GroupNorm)
 NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 ACTIVATION_TYPES = (nn.Sigmoid, nn.Tanh, nn.Hardsigmoid, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Softplus,
                     nn.Mish, nn.Hardswish, nn.CELU, nn.SELU, nn.Softsign, nn.Tanhshrink)
 
 AFFINE = "affine"               # what the lifted, contrastive, EqProp and lifted-Fenchel energies need
-DIFFERENTIABLE = "differentiable"   # what predictive coding needs
+DIFFERENTIABLE = "differentiable"   # what MAC and Fenchel BP need
+COUPLED = "coupled"             # differentiable, with BatchNorm in training mode and dropout (PC and ePC)
 
 
 def is_activation(m: nn.Module) -> bool:
@@ -67,6 +69,8 @@ def is_affine(m: nn.Module) -> bool:
         return True
     if isinstance(m, NORM_TYPES):
         return not m.training
+    if isinstance(m, DROPOUT_TYPES):
+        return not m.training or m.p == 0   # the identity
     return isinstance(m, AFFINE_TYPES)
 
 
@@ -82,7 +86,7 @@ def declare_map(module: nn.Module) -> nn.Module:
 
 def is_map(m: nn.Module) -> bool:
     """Whether ``m`` is a layer map the engine reads (affine, differentiable, or declared with :func:`declare_map`)."""
-    return getattr(m, "inferlearn_map", False) or is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES)
+    return getattr(m, "inferlearn_map", False) or is_affine(m) or isinstance(m, SMOOTH_TYPES + NORM_TYPES + DROPOUT_TYPES)
 
 
 @dataclass(frozen=True, eq=False)
@@ -377,7 +381,8 @@ class Graph:
         """Raise ``ValueError`` naming the first module that ``rule`` cannot handle.
 
         Args:
-            need: :data:`AFFINE` (affine maps, box units, linear output) or :data:`DIFFERENTIABLE`.
+            need: :data:`AFFINE` (affine maps, box units, linear output), :data:`DIFFERENTIABLE`, or :data:`COUPLED`
+                (differentiable, with BatchNorm in training mode and dropout: :mod:`inferlearn.rules.batch_layers`).
         """
         for k, link in enumerate(self.nodes, start=1):
             if need == AFFINE and link.joint:
@@ -394,10 +399,15 @@ class Graph:
                                      "The lifted energies need affine layer maps (Linear, Conv, AvgPool, Flatten, "
                                      "sums, scalings, concatenation, slicing) with box units; declare your own affine "
                                      "module with inferlearn.declare_affine, or use backprop, fenchel-bp or pc")
-                if isinstance(m, NORM_TYPES) and m.training:
+                if isinstance(m, NORM_TYPES) and m.training and need != COUPLED:
                     raise ValueError(f"Rule {rule!r} cannot use module {name!r} ({type(m).__name__}) in training "
-                                     "mode: inference evaluates it many times and mixes the samples of a batch; "
-                                     "call model.eval() on it (or fold it into the layer before)")
+                                     "mode: it mixes the samples of a batch, which this rule's inference does not "
+                                     "model; call model.eval() on it (or fold it into the layer before), or use pc, "
+                                     "epc or backprop")
+                if isinstance(m, DROPOUT_TYPES) and m.training and m.p > 0 and need != COUPLED:
+                    raise ValueError(f"Rule {rule!r} cannot use module {name!r} ({type(m).__name__}) in training "
+                                     "mode: it is random at every evaluation; call model.eval() on it, or use pc, "
+                                     "epc or backprop (which hold one mask per batch)")
             if need == AFFINE and k < self.depth and link.units is None:
                 where = link.names[-1] if link.names else f"node {k}"
                 raise ValueError(f"Rule {rule!r} cannot use activation {type(link.activation).__name__} after "
