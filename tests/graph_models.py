@@ -49,4 +49,21 @@ class TracedUserNet(nn.Module):
         return self.out(self.act2(h))
 
 
+class UserAttention(nn.Module):
+    """A user's transformer block on 4 tokens of 4 features: attention as written by hand, a GELU MLP, mean pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.ln1, self.qkv, self.proj = nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 24), nn.Linear(8, 8)
+        self.ln2, self.fc1, self.act, self.fc2 = nn.LayerNorm(8), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.embed(x.unflatten(1, (4, 4)))
+        q, k, v = self.qkv(self.ln1(h)).chunk(3, dim=-1)
+        h = h + self.proj(torch.softmax(q @ k.transpose(1, 2) / 8 ** 0.5, dim=-1) @ v)
+        h = h + self.fc2(self.act(self.fc1(self.ln2(h))))
+        return self.head(h.mean(1))
+
+
 GRAPH_MODELS = {"residual-conv": ResidualConvNet, "branching": BranchingNet, "traced": TracedUserNet}

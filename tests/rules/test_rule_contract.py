@@ -18,7 +18,7 @@ from inferlearn.models import MLP
 from inferlearn.rules import RULES, make_rule
 from inferlearn.units import Clamp
 
-from graph_models import GRAPH_MODELS
+from graph_models import GRAPH_MODELS, UserAttention
 
 OPTIMIZERS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.01), "adam": lambda p: torch.optim.Adam(p, lr=0.01)}
 
@@ -196,3 +196,54 @@ def test_a_rules_options_cannot_be_set_after_it_is_built(name):
         changed = dataclasses.replace(rule, tol=1e-8)
         solver = getattr(changed, "_solver", None)
         assert changed.tol == 1e-8 and (solver is None or getattr(solver, "tol", 1e-8) == 1e-8)
+
+
+def _zoo(arch):
+    from inferlearn.models.zoo import build_zoo_model
+    return lambda: build_zoo_model(arch, (1, 4, 4), 3, seed=3)
+
+
+#: models with nodes of several inputs or batch-coupled layers, and the rules that must take them
+COUPLED_ZOO = {
+    "vit": (_zoo("vit:depth=1,width=8,heads=2,patch=2,pool=cls,act=gelu"), {"backprop", "fenchel-bp", "pc", "epc", "mac"}),
+    "resnet18:bn=train": (_zoo("resnet18:width=1/32,bn=train"), {"backprop", "pc", "epc"}),
+    "user-attention": (UserAttention, {"backprop", "fenchel-bp", "pc", "epc", "mac"}),
+}
+
+
+@pytest.mark.filterwarnings("ignore::inferlearn.errors.ConvergenceWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("model_name", sorted(COUPLED_ZOO))
+@pytest.mark.parametrize("name", sorted(RULES))
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_rule_contract_on_attention_and_batchnorm_in_training_mode(name, opt_name, model_name, dtype):
+    """Every rule on a transformer, a user's attention block and a ResNet with BatchNorm in training mode: the
+    contract (as above, on the parameters: BatchNorm's running statistics move, as back-propagation's do), or a
+    refusal in one line; the rules that read such models must not refuse them."""
+    make, takes = COUPLED_ZOO[model_name]
+    torch.manual_seed(3)
+    model = make().to(dtype).train()
+    gen = torch.Generator().manual_seed(0)
+    x, labels = torch.rand(8, 16, generator=gen, dtype=torch.float64).to(dtype), torch.randint(0, 3, (8,), generator=gen)
+    rule = make_rule(name)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = OPTIMIZERS[opt_name](model.parameters())
+    opt.zero_grad(set_to_none=True)
+    try:
+        rule.backward(model, x, labels)
+    except ValueError as exc:
+        assert name not in takes, f"{name} refused {model_name}: {exc}"
+        assert "\n" not in str(exc)
+        return
+    assert name in takes or name in ("fenchel-bp",), f"{name} took {model_name}"
+    for n, p in model.named_parameters():
+        assert p.grad is not None and p.grad.dtype == dtype and torch.isfinite(p.grad).all(), (name, n)
+        assert torch.equal(p, before[n]), f"{name} changed {n}"
+    first = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert any(g.abs().sum() > 0 for g in first.values())
+    rule.backward(model, x, labels)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, 2 * first[n], rtol=tol, atol=tol, msg=f"{name} does not accumulate {n}")
+    opt.step()
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
