@@ -275,6 +275,8 @@ class Node:
     def pre(self, zs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``a_k = Σ_e A_e(z_{source(e)})`` given the values ``zs = [x, z_1, …]`` of the nodes before it."""
         edges = self.edges
+        if len(edges) == 1:
+            return edges[0].apply(zs)
         a = edges[0].apply(zs)
         for e in edges[1:]:
             a = a + e.apply(zs)
