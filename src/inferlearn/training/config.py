@@ -143,7 +143,11 @@ class TrainConfig:
         check_name(self.data)
         check_arch(self.arch)
         check_schedule(self.lr_schedule, int(self.epochs) if isinstance(self.epochs, int) else None)
-        get_units(self.act)
+        try:
+            get_units(self.act)
+        except ValueError as exc:
+            raise ValueError(f"{exc} for --act (the hidden units of MLP and conv strings); a zoo model takes any "
+                             f"activation as an option, e.g. --arch {self.arch.partition(':')[0]}:act={self.act}") from None
         if self.rule not in RULES:
             raise ValueError(f"Unknown rule {self.rule!r}; choose one of {sorted(RULES)}")
         if self.optimizer not in OPTIMIZERS:
