@@ -114,8 +114,9 @@ _CONV_NOTES = (_OURS + "PCX's rows (`pcx-…`): exactly the hyper-parameters of 
                "its nudged recipes (nudging=target); each PC recipe twice, the value-node rate per sample as the file "
                "states it and divided by the batch as PCX's code applies it. PCX's iPC recipe has no row: PCX's iPC "
                "steps the weights by AdamW at every inference step, inferlearn's by plain SGD. " + _DATA)
-_RESNET_NOTES = (_OURS + "The ResNet-18 has no BatchNorm (bn=off: the energy rules read no batch-coupled layer); PCX "
-                 "publishes no ResNet-18 recipe. " + _DATA)
+_RESNET_NOTES = (_OURS + "`epc-ce-small` is ePC in its small-step regime (η = 1e-5, the point VGG-5's and VGG-7's "
+                 "ePC searches reach) at BP-CE's searched rate, not searched: one ePC run costs about seven BP runs. The "
+                 "ResNet-18 has no BatchNorm (bn=off); PCX publishes no ResNet-18 recipe. " + _DATA)
 
 
 def _vit_variants() -> tuple:
@@ -199,7 +200,9 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         name="resnet18-cifar10", summary="ResNet-18 (CIFAR-style, no BatchNorm) on colour CIFAR-10: BP, PC, ePC "
         "(--budget cpu: width ×1/8, 5 epochs)",
-        data="cifar10", arch="resnet18", variants=_conv_variants("resnet18", (), ""), train=_CONV_TRAIN,
+        data="cifar10", arch="resnet18", variants=_conv_variants("resnet18", (), "") + (
+            Variant("epc-ce-small", "epc", "ePC, cross-entropy (K = 5), η = 1e-5 at BP-CE's searched rate 3e-3",
+                    {"output": "ce", "step_size": 1e-5}, train={"lr": 3e-3}),), train=_CONV_TRAIN,
         val_size=5000, extend=2, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
         full_device="cuda", notes=_RESNET_NOTES),
     Protocol(

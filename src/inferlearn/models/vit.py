@@ -27,7 +27,7 @@ from .activations import make_activation
 from .conv import as_images, image_dims
 from .init import fill_normal_, generator
 
-POOLS = ("cls", "mean")
+TOKEN_POOLS = ("cls", "mean")
 
 
 class PatchEmbedding(nn.Module):
@@ -106,8 +106,8 @@ class ViT(nn.Module):
     def __init__(self, image_shape: Sequence[int], n_classes: int, depth: int = 4, width: int = 64, heads: int = 4,
                  patch: int = 4, pool: str = "cls", mlp_ratio: int = 2, act: str = "gelu", seed: int | None = 0):
         super().__init__()
-        if pool not in POOLS:
-            raise ValueError(f"vit: pool={pool!r}; choose one of {', '.join(POOLS)}")
+        if pool not in TOKEN_POOLS:
+            raise ValueError(f"vit: pool={pool!r}; choose one of {', '.join(TOKEN_POOLS)}")
         for name, value in (("depth", depth), ("width", width), ("heads", heads), ("patch", patch),
                             ("mlp_ratio", mlp_ratio), ("n_classes", n_classes)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -33,7 +33,7 @@ from .pcx_mlp import pcx_mlp
 from .residual_mlp import DEPTH_SCALE, NODES, PARAMS, parse_scale, resmlp
 from .resnet import BN_MODES, SHORTCUTS, resnet18, resnet20
 from .vgg import POOLS, vgg5, vgg7
-from .vit import POOLS as VIT_POOLS, vit
+from .vit import TOKEN_POOLS, vit
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
                           "width": Option(_positive_int, "a positive integer (the token dimension)"),
                           "heads": Option(_positive_int, "a positive integer dividing width"),
                           "patch": Option(_positive_int, "a positive integer dividing the image's side"),
-                          "pool": _choice(VIT_POOLS), "act": ACT},
+                          "pool": _choice(TOKEN_POOLS), "act": ACT},
              "vision transformer (pre-norm; 4 blocks of width 64 on 4x4 patches)"),
 )}
 
