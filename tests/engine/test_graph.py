@@ -397,7 +397,8 @@ def test_pc_value_node_gradients_equal_autograd_of_the_energy(case, layout):
     value, on a residual net with max pooling, in either memory layout."""
     from inferlearn.engine.problems import NudgedOutputProblem
     from inferlearn.models.build import channels_last
-    from inferlearn.rules.predictive_coding import DIFFERENTIABLE, penalty_energy
+    from inferlearn.engine.graph import DIFFERENTIABLE
+    from inferlearn.rules.predictive_coding import penalty_energy
 
     model = PooledResConv(seed=3).to(DT)
     if layout == "channels-last":

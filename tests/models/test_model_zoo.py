@@ -28,6 +28,7 @@ SMALL = {
     "resnet20": "resnet20:width=0.25",
     "resnet18": "resnet18:width=1/16,bn=eval",
     "resmlp": "resmlp:depth=4,width=16,param=mupc",
+    "vit": "vit:depth=1,width=8,heads=2,patch=4",
 }
 IMAGE_BUILDERS = {"vgg5": vgg5, "vgg7": vgg7, "resnet20": resnet20, "resnet18": resnet18}
 
@@ -167,7 +168,7 @@ def test_backprop_fills_the_grad_of_every_parameter(name):
     ("vgg5:width=1,width=2", "Option 'width' given twice"),
     ("vgg5:width", "Option 'width' of vgg5 needs a value"),
     ("vgg5:,", "Unknown option"),
-    ("resnet20:bn=train", "Invalid resnet20 option bn='train': expected one of off, eval"),
+    ("resnet20:bn=sync", "Invalid resnet20 option bn='sync': expected one of off, eval, train"),
     ("resnet18:shortcut=c", "expected one of a, b"),
     ("resmlp:param=ntk", "Invalid resmlp option param='ntk': expected one of sp, mupc"),
     ("resmlp:depth=2.5", "Invalid resmlp option depth='2.5': expected a positive integer"),

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .activations import make_activation
-from .conv import as_images, image_dims
+from .conv import ImageInput, image_dims
 from .init import fill_normal_, generator
 
 TOKEN_POOLS = ("cls", "mean")
@@ -43,14 +43,14 @@ class PatchEmbedding(nn.Module):
         c, h, w = image_dims(image_shape, "vit")
         if h % patch or w % patch:
             raise ValueError(f"vit: patch={patch} must divide the image's height and width ({h}×{w})")
-        self.image_shape = (c, h, w)
+        self.image = ImageInput(1, (c, h, w))
         self.proj = nn.Conv2d(c, width, patch, stride=patch)
         tokens = (h // patch) * (w // patch) + (1 if cls_token else 0)
         self.cls = nn.Parameter(torch.zeros(1, 1, width)) if cls_token else None
         self.pos = nn.Parameter(torch.zeros(1, tokens, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = self.proj(as_images(x, self.image_shape)).flatten(2).transpose(1, 2)
+        t = self.proj(self.image(x)).flatten(2).transpose(1, 2)
         if self.cls is not None:
             t = torch.cat([self.cls.expand(t.shape[0], -1, -1), t], dim=1)
         return t + self.pos
