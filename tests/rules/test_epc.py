@@ -252,3 +252,28 @@ def test_overshooting_error_steps_warn_once_with_the_fix():
     msgs = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
     assert info.extras["far"] and len(msgs) == 1
     assert "overshoot" in msgs[0] and "lower step_size (now 0.001)" in msgs[0]
+
+
+@pytest.mark.parametrize("kind", ["chain", "residual"])
+def test_rescaled_small_steps_are_backprop_at_every_layer(kind):
+    """``rescale=True`` divides the hidden nodes' terms by c_K = 1 − (1 − η)^K: at a small step the whole update is
+    back-propagation's (float64 autograd), hidden and output layers alike, to O(η); without it the hidden layers
+    are c_K times smaller."""
+    model = _chain(2) if kind == "chain" else _resnet(seed=1, scale=1.5)
+    x, labels = _data(n=6, seed=4)
+    bp, _ = _grads(make_rule("backprop"), model, x, labels)
+    g, _ = _grads(make_rule("epc", {"steps": 5, "step_size": 1e-5, "rescale": True}), model, x, labels)
+    assert _rel(g, bp) < 1e-3
+    plain, _ = _grads(make_rule("epc", {"steps": 5, "step_size": 1e-5}), model, x, labels)
+    assert _rel(plain, bp) > 0.5   # the option changes what it claims to change
+
+
+@pytest.mark.parametrize("opts, match", [
+    ({"rescale": "maybe"}, "Invalid value .maybe. for option .rescale."),
+    ({"rescale": True, "inference_optimizer": "adam"}, "Invalid rescale with inference_optimizer"),
+    ({"rescale": True, "nudging": "symmetric"}, "Invalid rescale with nudging"),
+])
+def test_bad_rescale_options_are_refused_in_one_line(opts, match):
+    with pytest.raises(ValueError, match=match) as exc:
+        make_rule("epc", opts)
+    assert "\n" not in str(exc.value)

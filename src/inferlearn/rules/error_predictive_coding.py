@@ -39,6 +39,7 @@ References:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,12 @@ class ErrorPredictiveCoding(PredictiveCoding):
             enough for the error energy's curvature ``1 + λ_max(JᵀJ)``, which grows with the network's gain).
         inference_optimizer: ``"sgd"`` (plain steps), ``"momentum"`` or ``"adam"`` on the errors (PC's options).
         engine: ``"auto"`` or ``"generic"`` (ePC has no fused dense loop: every model runs on the graph engine).
+        rescale: divide each hidden node's term of the weight gradient by ``c_K = 1 − (1 − η)^K`` (default
+            ``False``, the ePC paper's update). In the small-step regime the update is then back-propagation's at
+            every layer, not only up to a per-layer scale (the authors' ``BP = ePC / e_lr``): plain SGD needs no
+            larger rate, and hidden gradients of size ``c_K`` × BP's no longer fall under Adam's ``ε`` (on a
+            transformer, where the error step must be ≤ 1e-5, they do). The output layer's term is unscaled.
+            Plain error steps only (``c_K`` is their gain from ``e = 0``).
 
     The other options (``output``, ``output_weight``, ``nudging``, ``beta``, ``tol``, ``inference_momentum``) are
     :class:`PredictiveCoding`'s; ``weight_step`` (incremental PC) is not an ePC option.
@@ -77,8 +84,17 @@ class ErrorPredictiveCoding(PredictiveCoding):
     recommended_lr = {"sgd": 0.2, "adam": 1e-3}   # benchmarks/tune_defaults.py --rules epc, validation splits
     steps: int = 5
     step_size: float = 0.0001
+    rescale: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.rescale, bool):
+            raise ValueError(f"Invalid rescale: {self.rescale!r} (true or false)")
+        if self.rescale and self.inference_optimizer != "sgd":
+            raise ValueError(f"Invalid rescale with inference_optimizer={self.inference_optimizer!r}: the scale "
+                             "1 − (1 − η)^K is the gain of plain error steps; use inference_optimizer='sgd'")
+        if self.rescale and self.nudging not in ("clamp", "target"):
+            raise ValueError(f"Invalid rescale with nudging={self.nudging!r}: the nudged phases' hidden errors are "
+                             "not c_K-scaled deltas; use nudging='clamp' or 'target'")
         if self.weight_step is not None:
             raise ValueError(f"Invalid weight_step: {self.weight_step} (incremental PC is a state-based option; "
                              "use --rule pc for iPC)")
@@ -105,6 +121,10 @@ class ErrorPredictiveCoding(PredictiveCoding):
         solver.growth_fix = ("the error steps overshoot: η λ_max(1 + JᵀJ) > 2, a curvature that grows with the network's "
                              "gain as training grows the weights; lower step_size (now {step_size:g})")
         return solver
+
+    def hidden_gradient_scale(self) -> float:
+        """``1 / c_K`` with ``rescale``, else 1: the factor of each hidden node's weight-gradient term."""
+        return 1.0 / -math.expm1(self.steps * math.log1p(-self.step_size)) if self.rescale else 1.0
 
     def _infer(self, problem: LayeredProblem):
         """Solve the state problem in error coordinates; returns its value nodes at the final errors."""

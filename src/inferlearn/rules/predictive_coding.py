@@ -237,6 +237,10 @@ class PredictiveCoding(Rule):
         return OptimizerSteps(self.steps, self.step_size, self.tol, optimizer=self.inference_optimizer,
                               momentum=self.inference_momentum, label=self.name)
 
+    def hidden_gradient_scale(self) -> float:
+        """The factor of each hidden node's term of the weight gradient: 1 (ePC's ``rescale`` overrides it)."""
+        return 1.0
+
     def _infer(self, problem: LayeredProblem):
         """``(value nodes, SolveInfo)`` of the inference on a state problem (the generic engine's; ePC overrides it)."""
         return self._solver.solve(problem)
@@ -319,7 +323,9 @@ class PredictiveCoding(Rule):
             problem = free.stacked(1, target=target)
             hidden, info = self._infer(problem)
             it = info.iterations
-            problem.accumulate_weight_grads(hidden, grad_scale / (B * pi), precise=False)
+            h = self.hidden_gradient_scale()
+            problem.accumulate_weight_grads(hidden, grad_scale / (B * pi), precise=False,
+                                            layer_scale=None if h == 1 else [h] * (L - 1) + [1.0])
             summary = None
         if summary is None or not math.isfinite(summary[1]):   # the whole-batch call summed its value nodes and gradients
             check_inference_finite(self.name, chain, hidden, it, self.step_size)
