@@ -121,7 +121,8 @@ _RESNET_NOTES = (_OURS + "`epc-ce-small` is ePC in its small-step regime (η = 1
 
 def _vit_variants() -> tuple:
     """The transformer rows: BP, Fenchel BP, ePC in its small-step regime (η ≤ 1e-4: on a transformer larger error steps
-    overshoot, LayerNorm and attention giving the network a large gain) and PC at T = 8."""
+    overshoot, LayerNorm and attention giving the network a large gain), the same with its hidden gradients rescaled
+    to back-propagation's scale, and PC at T = 8."""
     return (
         Variant("bp-ce", "backprop", "BP (cross-entropy)", {"loss": "cross-entropy"}, search={"lr": _ADAM_LR}),
         Variant("fenchel-bp", "fenchel-bp", "Fenchel BP", search={"lr": _ADAM_LR}),
@@ -132,6 +133,9 @@ def _vit_variants() -> tuple:
         # collapses after the first epoch (results page: predictive coding on a transformer)
         Variant("pc-ce", "pc", "PC, cross-entropy (T = 8)", {"steps": 8, "output": "ce"},
                 search={"lr": (3e-4, 1e-3), "rule.step_size": (0.01, 0.03, 0.1)}),
+        # hidden gradients c_K = Kη times BP's fall near AdamW's ε at η ≤ 1e-5: rescale them by 1/c_K
+        Variant("epc-ce-rescaled", "epc", "ePC, cross-entropy (K = 5), hidden gradients ÷ c_K", {"output": "ce", "rescale": True},
+                search={"lr": (1e-3, 3e-3), "rule.step_size": (1e-6, 1e-5)}),
     )
 
 
