@@ -208,6 +208,22 @@ def test_dry_run_prints_the_plan_and_trains_nothing(spec, tmp_path):
     assert "Budget:** full" in stdout and not (tmp_path / "o").exists()
 
 
+def test_max_seeds_caps_a_rows_final_runs(tmp_path):
+    """A row with ``max_seeds`` plans, trains and reports at most that many final runs, the others ``--seeds``."""
+    capped = dict(TINY, variants=[TINY["variants"][0], {**TINY["variants"][1], "max_seeds": 1}])
+    path = tmp_path / "capped.json"
+    path.write_text(json.dumps(capped))
+    out = tmp_path / "o"
+    rc, _, err = _cli("benchmark", str(path), "--budget", "full", "--seeds", "2", "--out", str(out), "--quiet")
+    assert rc == 0, err
+    rows = {r["variant"]: r for r in json.loads((out / "results.json").read_text())["variants"]}
+    assert [f["seed"] for f in rows["bp"]["finals"]] == [0, 1] and [f["seed"] for f in rows["pc"]["finals"]] == [0]
+    assert sorted(p.name for p in (out / "final" / "pc").iterdir()) == ["seed0"]
+    assert "(1) |" in (out / "results.md").read_text() and "(2) |" in (out / "results.md").read_text()
+    with pytest.raises(ValueError, match="invalid max_seeds 0"):
+        Variant("v", "backprop", max_seeds=0)
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["nope"], "Unknown protocol 'nope'"),
     (["mlp-mnist", "--budget", "2"], "Invalid --budget '2'"),

@@ -77,6 +77,8 @@ class Variant:
         search: the grid searched on the validation split: ``{"lr": (1e-4, 3e-4), "rule.step_size": (0.05, 0.1)}``;
             ``lr`` and other keys are TrainConfig fields, ``rule.KEY`` a rule option. The full product is
             searched; a grid of one point (or none) is not searched.
+        max_seeds: at most this many final runs (seeds 0 … max_seeds − 1) whatever ``--seeds`` asks, for a row
+            whose one run costs hours at a budget; the table shows each row's seed count. ``None``: ``--seeds``.
     """
 
     name: str
@@ -85,9 +87,14 @@ class Variant:
     options: Mapping = field(default_factory=dict)
     train: Mapping = field(default_factory=dict)
     search: Mapping = field(default_factory=dict)
+    max_seeds: int | None = None
 
     def __post_init__(self) -> None:
         from ..rules import RULES, make_rule
+
+        if self.max_seeds is not None and (isinstance(self.max_seeds, bool) or not isinstance(self.max_seeds, int)
+                                           or self.max_seeds < 1):
+            raise ValueError(f"Variant {self.name}: invalid max_seeds {self.max_seeds!r} (a positive integer, or null)")
 
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError(f"Invalid variant name {self.name!r}: letters, digits, '-', '_' and '.' only")
@@ -103,6 +110,10 @@ class Variant:
                     make_rule(self.rule, {**self.options, key[5:]: v})
             else:
                 check_overrides({key: None}, f"Variant {self.name}, search")
+
+    def final_seeds(self, seeds: int) -> int:
+        """The final runs of this row when ``seeds`` are asked for: ``min(seeds, max_seeds)``."""
+        return seeds if self.max_seeds is None else min(seeds, self.max_seeds)
 
     def grid(self) -> list[dict]:
         """Every point of the search space, in the order of the keys and values given."""

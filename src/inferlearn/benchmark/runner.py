@@ -146,7 +146,7 @@ def plan(protocol: Protocol, settings: Settings) -> list[dict]:
                 runs.append({"variant": v.name, "kind": "search", "point": point, "seed": s,
                              "config": run_config(protocol, v, point, s, True, settings)})
         fixed = v.grid()[0] if len(v.grid()) == 1 else None
-        for k in range(settings.seeds):
+        for k in range(v.final_seeds(settings.seeds)):
             runs.append({"variant": v.name, "kind": "final", "point": fixed, "seed": k,
                          "config": run_config(protocol, v, fixed or v.grid()[0], k, False, settings)})
     return runs
@@ -289,7 +289,7 @@ def format_plan(protocol: Protocol, settings: Settings, command: str) -> str:
             continue
         chosen, decided, searched = planned_choice(protocol, v, settings, row)
         runs = [(p, s, True) for p in searched for s in range(protocol.search_seeds)]
-        runs += [(chosen, k, False) for k in range(settings.seeds)]
+        runs += [(chosen, k, False) for k in range(v.final_seeds(settings.seeds))]
         for point, seed, search in runs:
             kind = "search" if search else "final"
             cfg = run_config(protocol, v, point if point is not None else v.grid()[0], seed, search, settings)
@@ -467,8 +467,8 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
         row["chosen"] = points[best] if best is not None else None if points else v.grid()[0]
         if row["chosen"] is None:
             row["skipped"] = "every search run diverged"
-            bar.update(settings.seeds)
-        for k in range(settings.seeds if row["chosen"] is not None else 0):
+            bar.update(v.final_seeds(settings.seeds))
+        for k in range(v.final_seeds(settings.seeds) if row["chosen"] is not None else 0):
             cfg = run_config(protocol, v, row["chosen"], k, False, settings)
             final, res = reused_final(old, row["chosen"], k), {"reused": True}
             if final is not None:
@@ -487,7 +487,7 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
             _note(say, {"kind": "final", "variant": v.name, "point": row["chosen"], "seed": k}, res,
                   f"test {final['test_acc']:.4f}" if "test_acc" in final else "diverged")
             bar.update(1)
-            if k + 1 < settings.seeds:   # the seeds so far, in case the benchmark stops before the last
+            if k + 1 < v.final_seeds(settings.seeds):   # the seeds so far, in case the benchmark stops before the last
                 summarise(row)
                 write_results(protocol, settings, command, rows, running=v.name)
         if row["chosen"] is not None:
