@@ -1,7 +1,9 @@
-"""Multiply-add floors of PC's and ePC's epoch time over back-propagation's, on the benchmark's conv models.
+"""Multiply-add floors of PC's and ePC's epoch time over back-propagation's, on the benchmark's conv and transformer
+models.
 
-The multiply-adds per image of each ``Conv2d``/``Linear`` of the actual zoo model are counted by forward hooks
-(``Σ`` all layers, ``Σ₁`` all but the first, whose input gradient no rule needs). Per training step:
+The multiply-adds per image of each ``Conv2d``/``Linear`` of the actual zoo model are counted by forward hooks (a
+``Linear`` once per token), and each self-attention's two products ``QKᵀ`` and ``AV`` as ``2 n² d`` for ``n`` tokens of
+width ``d`` (``Σ`` all of them, ``Σ₁`` all but the first layer, whose input gradient no rule needs). Per training step:
 
 - back-propagation: forward ``Σ``, weight gradients ``Σ``, input gradients ``Σ₁``: ``2Σ + Σ₁``;
 - predictive coding, ``T`` steps: forward ``Σ``, each step the predictions and their adjoint ``2Σ₁``, then the final
@@ -10,7 +12,7 @@ The multiply-adds per image of each ``Conv2d``/``Linear`` of the actual zoo mode
 - ePC, ``K`` error steps: each a forward pass with the errors injected and a VJP from the top (``Σ + Σ₁``), then
   the states' forward pass and the weight gradient (``3Σ``): ``K(Σ + Σ₁) + 3Σ``.
 
-Element-wise work (activations, pooling, the value nodes' updates) is not counted: the floor is a lower bound of
+Element-wise work (activations, pooling, normalisation, softmax, the value nodes' updates) is not counted: the floor is a lower bound of
 the ratio a perfect implementation of the same algorithm would reach.
 
 Run:  python benchmarks/conv_floors.py   → benchmarks/results/conv_floors.md
@@ -24,27 +26,37 @@ from torch import nn
 
 from inferlearn.models import build_model
 
-MODELS = ("vgg5:width=0.125", "vgg7:width=0.125", "resnet18:width=0.125")
+#: (model, input shape): the conv benchmarks' and the transformers' (vit-mnist, vit-cifar10) at --budget cpu
+MODELS = (("vgg5:width=0.125", (3, 32, 32)), ("vgg7:width=0.125", (3, 32, 32)), ("resnet18:width=0.125", (3, 32, 32)),
+          ("vit:depth=2,width=32,heads=2,patch=7,pool=mean,act=gelu", (1, 28, 28)),
+          ("vit:depth=4,width=32,heads=4,patch=4,pool=cls,act=gelu", (3, 32, 32)))
 OUT = Path(__file__).resolve().parent / "results" / "conv_floors.md"
 
 
-def layer_macs(arch: str) -> list[int]:
-    """Multiply-adds per image of each Conv2d / Linear of ``arch`` on 32×32 colour images, in call order."""
-    model = build_model(arch, "relu", 3072, 10, (3, 32, 32))
+def layer_macs(arch: str, shape: tuple = (3, 32, 32)) -> list[int]:
+    """Multiply-adds per image of each Conv2d / Linear / self-attention of ``arch`` on images of ``shape``, in call
+    order."""
+    from inferlearn.models.vit import SelfAttention
+
+    features = shape[0] * shape[1] * shape[2]
+    model = build_model(arch, "relu", features, 10, shape)
     counts: list[int] = []
 
     def hook(module, inputs, output):
         if isinstance(module, nn.Conv2d):
             k = module.weight[0].numel()   # (C_in / groups) · kh · kw
             counts.append(int(output[0].numel() * k))
-        else:
-            counts.append(int(module.in_features * module.out_features))
+        elif isinstance(module, nn.Linear):
+            counts.append(int(output[0].numel() * module.in_features))   # per token
+        else:   # softmax(QKᵀ) V: two n × n × d products over the heads
+            n, d = inputs[0].shape[-2], inputs[0].shape[-1]
+            counts.append(2 * n * n * d)
 
     for m in model.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
+        if isinstance(m, (nn.Conv2d, nn.Linear, SelfAttention)):
             m.register_forward_hook(hook)
     with torch.no_grad():
-        model(torch.zeros(1, 3072))
+        model(torch.zeros(1, features))
     return counts
 
 
@@ -55,11 +67,11 @@ def floors(counts: list[int], steps: int = 8, k: int = 5) -> dict:
 
 
 def main() -> None:
-    lines = ["# Multiply-add floors of the conv benchmarks", "",
+    lines = ["# Multiply-add floors of the conv and transformer benchmarks", "",
              "Made by `python benchmarks/conv_floors.py` (the counting rule is in its docstring).", "",
              "| model | multiply-adds / image | PC / BP, T = 7 | PC / BP, T = 8 | ePC / BP, K = 5 |", "|---|---|---|---|---|"]
-    for arch in MODELS:
-        c = layer_macs(arch)
+    for arch, shape in MODELS:
+        c = layer_macs(arch, shape)
         f7, f8 = floors(c, 7), floors(c, 8)
         lines.append(f"| `{arch}` | {f8['macs'] / 1e6:.2f} M | {f7['pc']:.2f} | {f8['pc']:.2f} | {f8['epc']:.2f} |")
     OUT.write_text("\n".join(lines) + "\n")
