@@ -133,7 +133,8 @@ def _vit_variants() -> tuple:
         # collapses after the first epoch (results page: predictive coding on a transformer)
         Variant("pc-ce", "pc", "PC, cross-entropy (T = 8)", {"steps": 8, "output": "ce"},
                 search={"lr": (3e-4, 1e-3), "rule.step_size": (0.01, 0.03, 0.1)}),
-        # hidden gradients c_K = Kη times BP's fall near AdamW's ε at η ≤ 1e-5: rescale them by 1/c_K
+        # hidden gradients c_K = Kη times BP's, near AdamW's ε at η ≤ 1e-5: the same row with them rescaled by 1/c_K
+        # measures whether that scale matters (results page: it does not, under AdamW)
         Variant("epc-ce-rescaled", "epc", "ePC, cross-entropy (K = 5), hidden gradients ÷ c_K", {"output": "ce", "rescale": True},
                 search={"lr": (1e-3, 3e-3), "rule.step_size": (1e-6, 1e-5)}),
     )
@@ -216,7 +217,12 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol(
         name="vit-mnist", summary="A 2-block vision transformer on MNIST (7×7 patches): BP, Fenchel BP, PC, ePC; a quick "
         "check of the transformer rows on a CPU", data="mnist", arch="vit:depth=2,width=32,heads=2,patch=7,pool=mean,act=gelu",
-        variants=_vit_variants(), train=_VIT_TRAIN, val_size=5000, extend=1, cpu=Budget("cpu"),
+        variants=_vit_variants() + (
+            # the rescaled row's choice in float64: float32 keeps only the leading bits of e = z − μ at η = 1e-6
+            # (benchmarks/results/epc_vit_adam_eps.md), float64 all of them
+            Variant("epc-ce-rescaled-f64", "epc", "ePC, cross-entropy (K = 5), hidden gradients ÷ c_K, η = 1e-6, "
+                    "float64", {"output": "ce", "rescale": True, "step_size": 1e-6}, train={"lr": 3e-3, "dtype": "float64"}),),
+        train=_VIT_TRAIN, val_size=5000, extend=1, cpu=Budget("cpu"),
         smoke=Budget("smoke", width=1.0, epochs=0.2), baseline="bp-ce", notes=_VIT_NOTES),
     Protocol(
         name="vit-cifar10", summary="A 4-block vision transformer on colour CIFAR-10 (4×4 patches, class token): BP, "

@@ -50,8 +50,8 @@ import torch
 from torch import nn
 
 from ..engine.phases import check_beta, check_nudging, nudged_phases
-from ..engine.solvers import ON_FAIL, SolveInfo
-from ..errors import ConvergenceError, ConvergenceWarning
+from ..engine.solvers import ON_FAIL, SolveInfo, act_on_failure
+from ..errors import ConvergenceWarning
 from ..units import Box
 from .energies import Energy, FunctionEnergy
 from .fista import AcceleratedProjectedGradient, as_box, precision_floor
@@ -181,10 +181,7 @@ class AugmentedLagrangian:
                 return z, lam, KKTInfo(SolveInfo("augmented-lagrangian", it, res, True, tol), n_inner)
         msg = (f"augmented Lagrangian: KKT residual {res:.3g} > tol {tol:.3g} after {self.max_outer} outer "
                "iterations; the constraints may be infeasible, or raise max_outer")
-        if self.on_fail == "raise":
-            raise ConvergenceError(msg)
-        if self.on_fail == "warn":
-            warnings.warn(msg, ConvergenceWarning, stacklevel=3)
+        act_on_failure(msg, self.on_fail, stacklevel=3)
         return z, lam, KKTInfo(SolveInfo("augmented-lagrangian", self.max_outer, res, False, tol), n_inner)
 
 

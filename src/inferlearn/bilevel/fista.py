@@ -10,14 +10,13 @@ References:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..engine.solvers import ON_FAIL, SolveInfo, residual_floor
-from ..errors import ConvergenceError, ConvergenceWarning
+from ..engine.solvers import ON_FAIL, SolveInfo, act_on_failure, residual_floor
+from ..errors import ConvergenceError
 from ..units import Box, get_units
 from .energies import Energy, Shifted
 
@@ -73,10 +72,7 @@ class AcceleratedProjectedGradient:
             raise ValueError(f"Invalid on_limit: {self.on_limit!r} (choose None or 'report')")
 
     def _fail(self, msg: str) -> None:
-        if self.on_fail == "raise":
-            raise ConvergenceError(msg)
-        if self.on_fail == "warn":
-            warnings.warn(msg, ConvergenceWarning, stacklevel=4)
+        act_on_failure(msg, self.on_fail, stacklevel=4)
 
     @torch.no_grad()
     def __call__(self, energy: Energy, box: Box, z0: torch.Tensor, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, SolveInfo]:

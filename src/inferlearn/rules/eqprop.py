@@ -38,7 +38,6 @@ Note:
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +48,7 @@ from ..engine.differential import difference_grads, solve_difference
 from ..engine.fused import accumulate_dense_grads
 from ..engine.problems import LayeredProblem
 from ..engine.phases import check_beta, check_nudging, nudged_phases
-from ..errors import ConvergenceError, ConvergenceWarning
+from ..engine.solvers import act_on_failure
 from ..losses import check_loss, loss_and_gradient, one_hot, quadratic_loss
 from .base import StepInfo, register_rule
 from .energy_rule import LiftedEnergyRule, info_extras
@@ -89,10 +88,7 @@ def relinearised_phases(solver, problem, hidden, info, row_sign: torch.Tensor, l
         hidden, info = solver.solve(problem, init=hidden)
     msg = (f"eqprop: the loss nudge did not settle in {NUDGE_ROUNDS} re-linearisations (last change of its gradient "
            f"{change:.3g} > {tol:.3g}); lower beta")
-    if on_fail == "raise":
-        raise ConvergenceError(msg)
-    if on_fail == "warn":
-        warnings.warn(msg, ConvergenceWarning, stacklevel=4)
+    act_on_failure(msg, on_fail, stacklevel=4)
     return problem, hidden, info, NUDGE_ROUNDS
 
 

@@ -120,6 +120,16 @@ def residual_floor_of(big: float, dtype: torch.dtype) -> float:
     return 20.0 * torch.finfo(dtype).eps * (1.0 + (big if math.isfinite(big) else 0.0))
 
 
+def act_on_failure(message: str, on_fail: str, stacklevel: int = 2) -> None:
+    """Act on a failed solve as ``on_fail`` says: ``"raise"`` raises :class:`~inferlearn.errors.ConvergenceError`,
+    ``"warn"`` issues a :class:`~inferlearn.errors.ConvergenceWarning` (``stacklevel`` counted from the caller),
+    ``"ignore"`` does nothing (the returned verdict records it)."""
+    if on_fail == "raise":
+        raise ConvergenceError(message)
+    if on_fail == "warn":
+        warnings.warn(message, ConvergenceWarning, stacklevel=stacklevel + 1)
+
+
 def warn_far(owner, info: SolveInfo, message: str, on_fail: str = "warn", stacklevel: int = 3) -> None:
     """Mark ``info`` far from equilibrium and act on it (``on_fail``): ``"warn"`` issues ``message`` as a
     :class:`~inferlearn.errors.ConvergenceWarning` once per ``owner`` (the solver or rule: once per run),

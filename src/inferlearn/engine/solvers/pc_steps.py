@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 
-from ...errors import ConvergenceError, ConvergenceWarning
-from .info import (CONVERGED_RTOL, Solver, SolveInfo, check_options, fixed_steps_verdict, last_step_stats, max_abs,
-                   residual_floor, warn_far)
+from .info import (CONVERGED_RTOL, Solver, SolveInfo, act_on_failure, check_options, fixed_steps_verdict,
+                   last_step_stats, max_abs, residual_floor, warn_far)
 
 
 class GradientSteps(Solver):
@@ -149,10 +147,7 @@ class GradientSteps(Solver):
         if self.tol is not None and not info.converged:
             msg = (f"{self.label}: stopped after {iterations} iterations with largest step {residual:.3g} > tol {self.tol:.3g}; "
                    "raise steps or tol")
-            if self.on_fail == "raise":
-                raise ConvergenceError(msg)
-            if self.on_fail == "warn":
-                warnings.warn(msg, ConvergenceWarning, stacklevel=4)
+            act_on_failure(msg, self.on_fail, stacklevel=4)
             return info
         if info.converged or not initial:
             return info
