@@ -185,6 +185,20 @@ def test_reuse_takes_recorded_runs_and_trains_only_the_rest(bench, spec, tmp_pat
     assert rc == 0 and stdout.count("[reused from --reuse]") == 2 + 3
 
 
+def test_reuse_takes_a_row_whose_search_went_past_its_grid(bench, spec, tmp_path):
+    """A search that extended its grid past an edge records more points than the grid: its row is still taken."""
+    saved = json.loads((bench / "results.json").read_text())
+    bp = next(r for r in saved["variants"] if r["variant"] == "bp")
+    bp["search"].append({"point": {"lr": 7.0}, "score": 0.0, "val_acc": [0.0]})   # an edge extension's point
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(saved))
+    rc, stdout, err = _cli("benchmark", str(spec), "--budget", "full", "--seeds", "3", "--out", str(tmp_path / "o"),
+                           "--dry-run", "--reuse", str(path))
+    assert rc == 0, err
+    # bp's and pc's two search points and three finals each, none trained (bp's was refused before)
+    assert stdout.count("[reused from --reuse]") == 2 * (2 + 3)
+
+
 @pytest.mark.parametrize("content, fragment", [
     (None, "no such file"), ("{not json", "not a benchmark's results.json"),
     ('{"variants": [], "protocol": "mlp-mnist", "budget_width": 1.0, "budget_epochs": 1.0}',

@@ -155,8 +155,9 @@ def plan(protocol: Protocol, settings: Settings) -> list[dict]:
 def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict[str, dict]:
     """The rows of an earlier ``results.json`` that this benchmark can take instead of training them again.
 
-    The file must be of the same protocol and budget; a variant is taken only when its rule, options and search grid
-    equal the protocol's now (otherwise it trains again). Within a taken row, a search point counts when it records
+    The file must be of the same protocol and budget; a variant is taken only when its rule and options equal the
+    protocol's now and its search recorded every point of the protocol's grid (points beyond it, which a search
+    adds past a grid's edge, may be recorded too); otherwise it trains again. Within a taken row, a search point counts when it records
     all ``search_seeds`` seeds, a final run when the row chose the point the search chooses now.
 
     Returns:
@@ -189,8 +190,9 @@ def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict
             v = protocol.variant(row["variant"])
         except (KeyError, ValueError):
             continue
-        grid = [p for s in row.get("search", []) for p in [s["point"]]]
-        if (row.get("rule"), row.get("options")) == (v.rule, dict(v.options)) and grid == search_points(v):
+        recorded = [s["point"] for s in row.get("search", [])]
+        if (row.get("rule"), row.get("options")) == (v.rule, dict(v.options)) and (
+                all(p in recorded for p in search_points(v)) and bool(recorded) == bool(search_points(v))):
             taken[v.name] = row
     return taken
 

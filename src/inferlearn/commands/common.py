@@ -77,7 +77,8 @@ def add_compile_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", nargs="?", const="on", default="auto", choices=list(COMPILE_MODES),
                    help="compile each rule's inference step with torch.compile: auto (default: on for CUDA; on CPU "
                         "only predictive coding's and ePC's steps, in runs long enough to repay compiling: 10,000 "
-                        "mini-batches for a dense network, 500 for a graph, where the step measured faster is kept), on "
+                        "mini-batches for a dense network, 500 for a graph, where the step measured faster is kept: compiled "
+                        "and eager round differently, so two fresh runs can differ; on or off for identical reruns), on "
                         "(the same as --compile alone; CUDA graphs on CUDA; a rule with no compiled step warns), "
                         "no-cudagraphs, off")
 
