@@ -157,8 +157,9 @@ def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict
 
     The file must be of the same protocol and budget; a variant is taken only when its rule and options equal the
     protocol's now and its search recorded every point of the protocol's grid (points beyond it, which a search
-    adds past a grid's edge, may be recorded too); otherwise it trains again. Within a taken row, a search point counts when it records
-    all ``search_seeds`` seeds, a final run when the row chose the point the search chooses now.
+    adds past a grid's edge, may be recorded too; an unsearched variant takes only an unsearched row); otherwise it
+    trains again. Within a taken row, a search point counts when it records all ``search_seeds`` seeds, a final run
+    when the row chose the point the search chooses now.
 
     Returns:
         ``{variant name: its row}`` (empty for ``path=None``).
@@ -190,9 +191,9 @@ def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict
             v = protocol.variant(row["variant"])
         except (KeyError, ValueError):
             continue
-        recorded = [s["point"] for s in row.get("search", [])]
-        if (row.get("rule"), row.get("options")) == (v.rule, dict(v.options)) and (
-                all(p in recorded for p in search_points(v)) and bool(recorded) == bool(search_points(v))):
+        grid, recorded = search_points(v), [s["point"] for s in row.get("search", [])]
+        covered = all(p in recorded for p in grid) if grid else not recorded
+        if (row.get("rule"), row.get("options")) == (v.rule, dict(v.options)) and covered:
             taken[v.name] = row
     return taken
 

@@ -23,9 +23,9 @@ References:
 """
 from .block_pg import BlockProjectedGradient
 from .coordinate_descent import CoordinateDescent
-from .info import (CONVERGED_RTOL, EQUILIBRIUM_STEPS, EQUILIBRIUM_SWEEPS, ON_FAIL, SolveInfo, Solver, check_options,
-                   far_from, finish, first_time, fixed_steps_verdict, judge_far, last_step_stats, max_abs,
-                   residual_floor, residual_floor_of, warn_far, act_on_failure)
+from .info import (CONVERGED_RTOL, EQUILIBRIUM_STEPS, EQUILIBRIUM_SWEEPS, ON_FAIL, SolveInfo, Solver, act_on_failure,
+                   check_options, far_from, finish, first_time, fixed_steps_verdict, judge_far, last_step_stats,
+                   max_abs, residual_floor, residual_floor_of, warn_far)
 from .lifted_sweep import LIFTED_SWEEP
 from .pc_steps import GradientSteps, OptimizerSteps
 from .reference import ReferenceSolver
@@ -51,5 +51,5 @@ def get_solver(name: str | Solver = DEFAULT_SOLVER, **options) -> Solver:
 
 __all__ = ["BlockProjectedGradient", "CONVERGED_RTOL", "CoordinateDescent", "DEFAULT_SOLVER", "EQUILIBRIUM_STEPS",
            "EQUILIBRIUM_SWEEPS", "GradientSteps", "LIFTED_SWEEP", "ON_FAIL", "OptimizerSteps", "ReferenceSolver", "SOLVERS",
-           "SolveInfo", "Solver", "check_options", "far_from", "finish", "first_time", "fixed_steps_verdict", "get_solver",
-           "judge_far", "last_step_stats", "max_abs", "residual_floor", "residual_floor_of", "warn_far", "act_on_failure"]
+           "SolveInfo", "Solver", "act_on_failure", "check_options", "far_from", "finish", "first_time",
+           "fixed_steps_verdict", "get_solver", "judge_far", "last_step_stats", "max_abs", "residual_floor", "residual_floor_of", "warn_far"]
