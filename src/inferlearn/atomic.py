@@ -53,7 +53,7 @@ def write_error(path: str | os.PathLike, exc: OSError, size: int | None = None) 
         why = f"{exc.strerror or type(exc).__name__}" + (f" ({human_bytes(size)} to write, {free} free)"
                                                           if size is not None else "")
         fix = "check the disk and its permissions"
-    return WriteError(f"Cannot write {path}: {why}; {keep}; {fix}", str(path))
+    return WriteError(f"Cannot write {path}: {why}; {keep}; {fix}", path=str(path))
 
 
 @contextlib.contextmanager

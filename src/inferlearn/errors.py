@@ -5,7 +5,12 @@ Every error names what was wrong and how to fix it; tests run with our warnings 
 
 
 class InferlearnError(Exception):
-    """Base class of inferlearn's own errors."""
+    """Base class of inferlearn's own errors: the message, and keyword arguments as attributes
+    (``WriteError(message, path=p).path == p``)."""
+
+    def __init__(self, message: str = "", **attributes):
+        super().__init__(message)
+        self.__dict__.update(attributes)
 
 
 class DataError(InferlearnError):
@@ -25,9 +30,7 @@ class WriteError(RunFolderError):
         path: the file that could not be written.
     """
 
-    def __init__(self, message: str, path: str):
-        super().__init__(message)
-        self.path = path
+    path: str
 
 
 class DivergenceError(InferlearnError):
@@ -55,9 +58,7 @@ class Interrupted(InferlearnError):
         signum: the signal's number (the command exits with ``128 + signum``, as a shell does).
     """
 
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.signum = signum
+    signum: int
 
 
 class InferlearnWarning(UserWarning):

@@ -71,26 +71,30 @@ class ADMMConfig:
     """
 
     mode: str = "batch"
+    formulation: str = "default"
+    loss: str = "cross-entropy"
+    # the Θ step: mini-batches and the blocks' optimiser
     batch_size: int = 128
     optimizer: str = "adam"
     lr: float = 1e-3
     momentum: float = 0.0
     weight_decay: float = 0.0
     fused_optimizer: bool = True
-    beta: float | list = 1.0
-    zeta: float | list = 0.5
-    z_steps: int = 1
     primal_steps: int = 1
     primal_growth: float = 0.0
     primal_schedule: str = "linear"
-    formulation: str = "default"
+    # the augmented Lagrangian's penalties and the Z step
+    beta: float | list = 1.0
+    zeta: float | list = 0.5
+    z_steps: int = 1
     z_schedule: str = "gauss-seidel"
+    # the adaptive penalty rule
     adaptive: bool = False
     eta0: float = 1.0
     eta_decay: float = 0.9
     penalty_growth: float = 2.0
     beta_max: float = 1e4
-    loss: str = "cross-entropy"
+    # passes over the data, NMF blocks, the mini-batch order
     chunk_size: int = 4096
     nmf_sweeps: int = 10
     nmf_init_iters: int = 30

@@ -124,9 +124,9 @@ def launch(argv: list[str], nproc: int, resume_hint: str) -> int:
     except SignalException as exc:   # SIGTERM/SIGINT/SIGHUP of the launcher: the agent has stopped the processes
         signum = received[-1] if received else int(exc.sigval)
         name = signal.Signals(signum).name
-        raise Interrupted(f"interrupted by {name}" + (f"; {resume_hint}" if resume_hint else ""), signum) from None
+        raise Interrupted(f"interrupted by {name}" + (f"; {resume_hint}" if resume_hint else ""), signum=signum) from None
     except KeyboardInterrupt:   # before the agent's handlers were installed
-        raise Interrupted("interrupted" + (f"; {resume_hint}" if resume_hint else ""), signal.SIGINT) from None
+        raise Interrupted("interrupted" + (f"; {resume_hint}" if resume_hint else ""), signum=signal.SIGINT) from None
     except ChildFailedError as exc:
         parts = []
         for rank, failure in sorted(exc.failures.items()):
