@@ -190,6 +190,36 @@ def test_auto_keeps_the_faster_of_compiled_and_eager_by_measuring(monkeypatch, c
         assert step.resolved(x) is not fn
 
 
+@pytest.mark.parametrize("compiled_delay", [0.0, 0.05])
+def test_a_choice_kept_by_an_earlier_run_in_the_process_is_recorded_and_a_replayed_one_wins(monkeypatch, compiled_delay):
+    """Runs one after another in one process (a benchmark's search, then its final runs) share the steps' kept
+    graphs: a later run does not measure again, and must still record the choice it runs with (its checkpoints
+    carry it, so that resuming it in a new process does not measure again); a replayed choice (--resume) decides
+    over a graph kept by an earlier run."""
+    import time as _time
+
+    def fn(x):
+        _time.sleep(0.01)
+        return x + 1
+
+    monkeypatch.setattr(torch, "compile", lambda f, **kw: (
+        lambda x: (_time.sleep(compiled_delay), x + 1)[1]) if compiled_delay else (lambda x: x + 1))
+    step = C.CompiledStep(fn, "a step measured once", auto_cpu_min_batches=1, measure=True)
+    x = torch.zeros(3)
+    C.reset_compile_state(graphs=True)
+    with C.compiling("auto"), C.planned_batches(1):
+        for _ in range(1 + 2 * C.MEASURE_CALLS + 1):
+            step(x)
+        first = C.measured_choices()
+        assert first == {step.name: compiled_delay == 0.0}
+        C.replay_choices({})   # the next run of the process starts with no choice (the training loop does this)
+        step(x)
+        assert C.measured_choices() == first and C.compile_decisions()[1:] == []
+        C.replay_choices({step.name: not first[step.name]})   # a resumed run's recorded choice decides
+        assert torch.equal(step(x), x + 1)
+        assert (step.resolved(x) is fn) == first[step.name]
+
+
 def test_auto_measured_choice_is_recorded_and_replayed_without_measuring_again():
     """A resumed run must take the choice the interrupted one measured (compiled and eager round differently, and a
     new measurement may choose otherwise): ``measured_choices`` records it by step name (the checkpoint keeps it),

@@ -280,10 +280,15 @@ class CompiledStep:
         measuring = self._measuring(device)
         key = (tmode, measuring, _key(args, not self.guards))
         graph = self._graphs.get(key)
-        if graph is None and measuring and self.name in _global["choices"] and not _global["choices"][self.name]:
-            self._graphs[key] = graph = self.fn   # replayed: eager, as measured before
-        if graph is None and measuring and _global["choices"].get(self.name):
-            measuring = False                     # replayed: compiled, without a new measurement
+        if measuring:   # the run's choice (replayed on --resume) decides; else one kept by an earlier run is recorded
+            choice = _global["choices"].get(self.name)
+            if choice is None and graph is not None:
+                _global["choices"][self.name] = graph is not self.fn
+            elif choice is False:
+                self._graphs[key] = graph = self.fn   # replayed: eager, as measured before
+            elif choice:
+                measuring = False                 # replayed: compiled, without a new measurement
+                graph = None if graph is self.fn else graph
         if graph is self.fn:   # measured slower compiled: eager
             return self.fn(*args)
         if graph is None and key in self._trials:
