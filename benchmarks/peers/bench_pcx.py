@@ -251,6 +251,7 @@ def _same_model(s, cfg: TrainConfig, key: tuple):
     optimiser and schedule on it). A graph's compiled steps belong to one model object (its modules are part of the
     graph), so a fresh model would compile again inside the timed runs; a user's run trains one model."""
     import dataclasses
+    import math
 
     from inferlearn.training.loop import make_optimizer
     from inferlearn.training.schedules import make_schedule
@@ -259,7 +260,7 @@ def _same_model(s, cfg: TrainConfig, key: tuple):
     if model is not s.model:
         model.load_state_dict(s.model.state_dict())
     opt = make_optimizer(cfg.resolved(), [p for p in model.parameters() if p.requires_grad])
-    return dataclasses.replace(s, model=model, optimizer=opt, scheduler=make_schedule(cfg.lr_schedule, opt, cfg.epochs))
+    return dataclasses.replace(s, model=model, optimizer=opt, scheduler=make_schedule(cfg.lr_schedule, opt, cfg.epochs, math.ceil(s.train_x.shape[0] / cfg.batch_size)))
 
 
 def torch_run(kind: str, method: str, batch: int, nb: int, setting: dict, data_dir, evaluate_acc: bool,

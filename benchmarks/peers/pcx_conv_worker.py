@@ -192,6 +192,8 @@ def main() -> int:
     p.add_argument("--wd", type=float, required=True)
     p.add_argument("--act", choices=sorted(ACTS), required=True)
     p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--steps", type=int, default=0, help="time only this many steps per epoch, without evaluating "
+                   "(0: whole epochs, evaluated; time_pcx_conv.py's timing)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -200,11 +202,13 @@ def main() -> int:
     test_x, test_y = d["test_x"].astype(np.float32), d["test_y"].astype(np.int64)
     fill = d["fill"].astype(np.float32)
     n = train_x.shape[0]
-    steps = n // a.batch   # PCX's loader drops the last, partial batch (drop_last=True): 390 steps on CIFAR-10
+    epoch_steps = n // a.batch   # PCX's loader drops the last, partial batch (drop_last=True): 390 on CIFAR-10
+    steps = min(a.steps, epoch_steps) if a.steps else epoch_steps
     px.RKG.seed(a.seed)
     act = ACTS[a.act]
     schedule = optax.warmup_cosine_decay_schedule(init_value=a.w_lr, peak_value=1.1 * a.w_lr,
-                                                  warmup_steps=0.1 * steps * a.epochs, decay_steps=steps * a.epochs,
+                                                  warmup_steps=0.1 * epoch_steps * a.epochs,
+                                                  decay_steps=epoch_steps * a.epochs,
                                                   end_value=0.1 * a.w_lr, exponent=1.0)
     if a.method == "pc":
         model = PCNet(a.model, a.width, act, a.ce)
@@ -259,6 +263,8 @@ def main() -> int:
                 compile_s = time.perf_counter() - t1
         jax.block_until_ready(jax.tree_util.tree_leaves(model))
         seconds.append(time.perf_counter() - t0 - (compile_s if epoch == 1 else 0.0))
+        if a.steps:   # timing only: epoch 1's seconds cover steps − 1 steps (the first is in compile_s)
+            continue
         if a.method == "pc":
             model.clear_params(pxc.VodeParam)
         pred = np.concatenate([np.asarray(predict(jnp.asarray(test_x[i:i + 1000])))
