@@ -6,7 +6,9 @@ recipe (PCX's PC-CE, value nodes at its code's 1/B rate, and BP-CE; the benchmar
 ``pcx-bp-ce`` at ``--budget``) and each repeat, ``--steps`` training steps of inferlearn, eager (``--compile off``)
 and compiled (``--compile on``: ``torch.compile`` of the inference step, after one warm-up batch that compiles it),
 then ``--steps`` of PCX in its own virtual environment (its jitted step; the first step, which compiles, is left
-out). Both see the same standardised, cropped and flipped images in the same order (``bench_pcx_conv.export``). The
+out). Both train on the benchmark's standardised, cropped and flipped colour CIFAR-10 (inferlearn on the first
+``steps × 128`` images of its training split, PCX on the first ``steps`` batches of the epoch that
+``bench_pcx_conv.export`` writes): other images of the same shape, which the time does not depend on. The
 Markdown table gives the median over the repeats of the seconds per step, times 390 steps (one epoch), and the
 ratio PCX / inferlearn for each inferlearn mode.
 
