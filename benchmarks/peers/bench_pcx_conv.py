@@ -127,12 +127,14 @@ def main(argv=None) -> int:
             "test_acc": [r["test_acc"][-1] for r in runs], "best_test_acc": [max(r["test_acc"]) for r in runs],
             "epoch_seconds": [t for r in runs for t in r["epoch_seconds"]],
             "compile_s": [r["compile_s"] for r in runs], "seeds": [r["args"]["seed"] for r in runs]}
-    old = json.loads((out / "pcx.json").read_text())["variants"] if (out / "pcx.json").exists() else {}
+    earlier = json.loads((out / "pcx.json").read_text()) if (out / "pcx.json").exists() else {}
+    command = "python benchmarks/peers/bench_pcx_conv.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    commands = earlier.get("commands", [earlier["command"]] if "command" in earlier else [])   # every run's, in order
     versions = next((json.loads(f.read_text())["versions"] for f in (out / "pcx").glob("*/seed*.json")), {})
     tmp = out / "pcx.json.tmp"
-    tmp.write_text(json.dumps({"variants": {**old, **rows}, "versions": versions, "width": width, "epochs": epochs,
-                               "command": "python benchmarks/peers/bench_pcx_conv.py " + " ".join(sys.argv[1:])},
-                              indent=1))
+    tmp.write_text(json.dumps({"variants": {**earlier.get("variants", {}), **rows}, "versions": versions,
+                               "width": width, "epochs": epochs,
+                               "commands": commands + [command] if command not in commands else commands}, indent=1))
     os.replace(tmp, out / "pcx.json")
     print(json.dumps(rows, indent=1))
     return 0
