@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 import warnings
 
 from . import __version__
@@ -19,6 +20,11 @@ COMMANDS = [
     "inferlearn.commands.reproduce",
     "inferlearn.commands.benchmark",
 ]
+
+#: seconds a launched process waits before reporting a lost peer: the launcher's agent, stopping every process
+#: after a signal, sends SIGTERM to them one after another, and a process whose peer ended first would otherwise
+#: print "another process died" beside the launcher's "interrupted" line
+LOST_PEER_GRACE_S = 1.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     except (InferlearnError, ValueError) as exc:
         launched = os.environ.get("WORLD_SIZE", "1") != "1"
         where = f"process {os.environ.get('RANK', '?')}: " if launched and not isinstance(exc, DistributedError) else ""
+        if launched and isinstance(exc, DistributedError):
+            # a lost peer: when the launcher is stopping every process (a signal to the launcher), its SIGTERM
+            # reaches this one within the grace and ends it silently, so the user reads the launcher's one line
+            time.sleep(LOST_PEER_GRACE_S)
         hint = ""
         if isinstance(exc, WriteError):   # a full disk mid-run: say how to continue once there is room
             from .commands.common import resume_hint
