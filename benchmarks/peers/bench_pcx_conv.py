@@ -65,10 +65,10 @@ def worker_args(recipe, model: str, width: float, epochs: int, seed: int) -> lis
     args = ["--model", model, "--width", f"{width:g}", "--epochs", str(epochs), "--seed", str(seed),
             "--w-lr", repr(recipe.w_lr), "--wd", repr(recipe.wd), "--act", recipe.act]
     if recipe.steps:
-        if recipe.betas:
-            raise ValueError(f"{recipe.name}: the worker runs PCX's β = 1 recipes only (PC-SE, PC-CE, BP)")
         args += ["--method", "pc", "--T", str(recipe.steps), "--x-lr", repr(recipe.x_lr),
                  "--x-momentum", repr(recipe.x_momentum)]
+        if recipe.betas:   # the nudged recipes: β per epoch, the weight gradient × 1/β
+            args += ["--betas", ",".join(repr(b) for b in recipe.betas[:epochs])]
     else:
         args += ["--method", "bp"]
     return args + (["--ce"] if recipe.ce else [])
@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--protocol", choices=sorted(RECIPES), default="vgg5-cifar10")
     p.add_argument("--budget", default="cpu", help="the benchmark's budget (its width and epochs)")
-    p.add_argument("--methods", default="bp-ce,pc-ce", help="PCX recipes by name (bp-se, bp-ce, pc-se, pc-ce)")
+    p.add_argument("--methods", default="bp-ce,pc-ce", help="PCX recipes by name (bp-se, bp-ce, pc-se, pc-ce, pc-pn, pc-nn, "
+                   "pc-cn)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out", required=True, help="the benchmark's folder (pcx.json and pcx/ go there)")
     p.add_argument("--data-dir", default=None)

@@ -8,7 +8,8 @@ Runs inside PCX's own virtual environment (never imports inferlearn or torch); o
 What is PCX's and what is the driver's. The training step is PCX's benchmark code (github.com/liukidar/pcx, commit
 ``c722834``, ``examples/s4_1_discriminative_mode/PC.py`` and ``BP.py``, ``models.py`` and ``models_BP.py``) in the
 API of PCX 0.6.3: value nodes (``Vode``) after each conv block (after its pooling) and at the output, the output
-node frozen and set to ``u − β (u − y)`` (β = 1: the label), ``T`` steps of ``optax.sgd(x_lr, momentum)`` on the
+node frozen and set to ``u − β (u − y)`` (β = 1: the label; the nudged recipes' β per epoch from ``--betas``,
+PC.py's ``beta`` schedule), ``T`` steps of ``optax.sgd(x_lr, momentum)`` on the
 energy *averaged* over the batch (``pmean``, as PCX's code), then ``optax.adamw`` on the weight gradient × 1/β,
 the weights' rate on PCX's ``warmup_cosine_decay_schedule`` (from ``lr`` to ``1.1 lr`` over 10 % of the steps,
 cosine to ``0.1 lr``); BP: the same network without value nodes, the batch-mean loss (``sum (f − y)²`` or the
@@ -17,7 +18,9 @@ cross-entropy), the same optimiser and schedule. As PCX's loader, the last parti
 data are the driver's (``--data``): inferlearn's standardised arrays, inferlearn's batch order and inferlearn's
 crop/flip draws for each epoch, so that both libraries see the same images in the same order.
 
-Writes ``--out``: ``{"test_acc": [per epoch], "epoch_seconds": [per epoch], "compile_s": …, "versions": …}``.
+Writes ``--out``: ``{"test_acc": [per epoch], "epoch_seconds": [per epoch], "compile_s": …, "versions": …}``; the
+first step at each β (the first step of the run, and of each epoch whose β is new) compiles and is counted in
+``compile_s``, not in the epoch's seconds.
 """
 from __future__ import annotations
 
@@ -105,9 +108,9 @@ class BPNet(px.Module):
 VMASK = pxu.M(pxc.VodeParam | pxc.VodeParam.Cache).to((None, 0))
 
 
-@pxf.vmap(VMASK, in_axes=(0, 0), out_axes=0)
-def pc_forward(x, y, *, model):
-    return model(x, y)   # β = 1: the output node set to the label (PCX's nudged recipes are not ported)
+@pxf.vmap(VMASK, in_axes=(0, 0, None), out_axes=0)
+def pc_forward(x, y, beta=1.0, *, model):
+    return model(x, y, beta)   # the output node set to u − β (u − y): the label at β = 1
 
 
 @pxf.vmap(VMASK, in_axes=(0,), out_axes=(None, 0), axis_name="batch")
@@ -116,11 +119,11 @@ def pc_energy(x, *, model):
     return jax.lax.pmean(model.energy().sum(), "batch"), y_   # PCX's code: the batch *mean*
 
 
-@pxf.jit(static_argnums=0)
-def pc_train_on_batch(T: int, x, y, *, model, optim_w, optim_h):
+@pxf.jit(static_argnums=(0, 3))   # β static: at β = 1 the step compiles as before nudging was ported (bit for bit)
+def pc_train_on_batch(T: int, x, y, beta: float, *, model, optim_w, optim_h):
     model.train()
     with pxu.step(model, (pxc.STATUS.INIT, None), clear_params=pxc.VodeParam.Cache):
-        pc_forward(x, y, model=model)
+        pc_forward(x, y, beta, model=model)
     optim_h.init(pxu.M_hasnot(pxc.VodeParam, frozen=True)(model))
     value_grad = pxf.value_and_grad(pxu.M_hasnot(pxc.VodeParam, frozen=True).to([False, True]), has_aux=True)(pc_energy)
     for _ in range(T):
@@ -131,14 +134,14 @@ def pc_train_on_batch(T: int, x, y, *, model, optim_w, optim_h):
     weight_grad = pxf.value_and_grad(pxu.M(pxnn.LayerParam).to([False, True]), has_aux=True)(pc_energy)
     with pxu.step(model, clear_params=pxc.VodeParam.Cache):
         _, g = weight_grad(x, model=model)
-    optim_w.step(model, g["model"])   # × 1/β, β = 1
+    optim_w.step(model, g["model"], scale_by=None if beta == 1.0 else 1.0 / beta)   # PC.py: the weight gradient × 1/β
 
 
 @pxf.jit()
 def pc_predict(x, *, model):
     model.eval()
     with pxu.step(model, (pxc.STATUS.INIT, None), clear_params=pxc.VodeParam.Cache):
-        out = pc_forward(x, None, model=model)
+        out = pc_forward(x, None, 1.0, model=model)
     return out.argmax(-1)
 
 
@@ -191,6 +194,7 @@ def main() -> int:
     p.add_argument("--w-lr", type=float, required=True)
     p.add_argument("--wd", type=float, required=True)
     p.add_argument("--act", choices=sorted(ACTS), required=True)
+    p.add_argument("--betas", default="1", help="β per epoch, comma-separated (the last repeats; 1: the label)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--steps", type=int, default=0, help="time only this many steps per epoch, without evaluating "
                    "(0: whole epochs, evaluated; time_pcx_conv.py's timing)")
@@ -213,12 +217,12 @@ def main() -> int:
     if a.method == "pc":
         model = PCNet(a.model, a.width, act, a.ce)
         with pxu.step(model, (pxc.STATUS.INIT, None), clear_params=pxc.VodeParam.Cache):   # shape the value nodes
-            pc_forward(jnp.zeros((a.batch,) + train_x.shape[1:]), None, model=model)
+            pc_forward(jnp.zeros((a.batch,) + train_x.shape[1:]), None, 1.0, model=model)
         optim_h = pxu.Optim(lambda: optax.sgd(a.x_lr, momentum=a.x_momentum))
         optim_w = pxu.Optim(lambda: optax.adamw(schedule, weight_decay=a.wd), pxu.M(pxnn.LayerParam)(model))
 
         def train_step(x, y):
-            pc_train_on_batch(a.T, x, y, model=model, optim_w=optim_w, optim_h=optim_h)
+            pc_train_on_batch(a.T, x, y, beta, model=model, optim_w=optim_w, optim_h=optim_h)
 
         def predict(x):
             return pc_predict(x, model=model)
@@ -247,22 +251,26 @@ def main() -> int:
             return bp_predict(x, model=model)
 
     eye = np.eye(10, dtype=np.float32)
-    accs, seconds, compile_s = [], [], None
+    accs, seconds, compile_s, compiled = [], [], None, set()
+    betas = [float(b) for b in a.betas.split(",")]
     for epoch in range(1, a.epochs + 1):
+        beta = betas[min(epoch, len(betas)) - 1]
         order = d[f"order_{epoch}"]
         dy, dx, flip = d[f"dy_{epoch}"], d[f"dx_{epoch}"], d[f"flip_{epoch}"].astype(bool)
-        t0 = time.perf_counter()
+        t0, excluded = time.perf_counter(), 0.0
         for s in range(steps):
             idx = order[s * a.batch:(s + 1) * a.batch]
             rows = slice(s * a.batch, s * a.batch + len(idx))
             x = augment(train_x[idx], fill, dy[rows], dx[rows], flip[rows])
             t1 = time.perf_counter()
             train_step(jnp.asarray(x), jnp.asarray(eye[train_y[idx]]))
-            if compile_s is None:
+            if beta not in compiled:   # the first step at each β compiles (β is static): counted in compile_s
+                compiled.add(beta)
                 jax.block_until_ready(jax.tree_util.tree_leaves(model))
-                compile_s = time.perf_counter() - t1
+                excluded += time.perf_counter() - t1
+                compile_s = (compile_s or 0.0) + time.perf_counter() - t1
         jax.block_until_ready(jax.tree_util.tree_leaves(model))
-        seconds.append(time.perf_counter() - t0 - (compile_s if epoch == 1 else 0.0))
+        seconds.append(time.perf_counter() - t0 - excluded)
         if a.steps:   # timing only: epoch 1's seconds cover steps − 1 steps (the first is in compile_s)
             continue
         if a.method == "pc":
@@ -272,7 +280,7 @@ def main() -> int:
         if a.method == "pc":   # back to value nodes shaped for the training batch
             model.clear_params(pxc.VodeParam)
             with pxu.step(model, (pxc.STATUS.INIT, None), clear_params=pxc.VodeParam.Cache):
-                pc_forward(jnp.zeros((a.batch,) + train_x.shape[1:]), None, model=model)
+                pc_forward(jnp.zeros((a.batch,) + train_x.shape[1:]), None, 1.0, model=model)
         accs.append(float((pred == test_y).mean()))
         print(f"epoch {epoch}: test {accs[-1]:.4f}, {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
     with open(a.out, "w") as f:

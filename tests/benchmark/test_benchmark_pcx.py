@@ -67,12 +67,46 @@ def test_pcx_rows_carry_the_recipe_files_numbers():
                                                         "inference_momentum": 0.05, "output": "ce", "step_size": 0}
         assert cfg.arch == "vgg5:width=0.125,act=gelu" and cfg.epochs == 5
     nn = runs["pcx-pc-nn-b"].rule_options
-    assert nn["nudging"] == "target" and nn["beta_schedule"].split(",")[:2] == ["-0.178771", "-0.198771"]
+    assert nn["nudging"] == "target"   # the file's β, −(0.17877062530418192 + 0.02 e), to pcx_betas' 10 digits
+    assert [float(v) for v in nn["beta_schedule"].split(",")[:2]] == pytest.approx([-0.17877062530418192,
+                                                                                  -0.19877062530418192], abs=1e-10)
     assert runs["pcx-bp-ce"].rule_options == {"loss": "cross-entropy"}
     assert runs["pcx-epc-ce"].rule_options == {"output": "ce"} and runs["pcx-epc-ce"].lr == runs["pcx-bp-ce"].lr
     assert {r.name for r in PCX_VGG5} == {r.name for r in PCX_VGG7} == {"bp-se", "bp-ce", "pc-se", "pc-ce", "pc-pn",
                                                                          "pc-nn", "pc-cn"}
     assert len(PCX_VGG5[-1].betas) == 48 and set(PCX_VGG5[-1].betas) == {0.9, -0.9}
+
+
+def _peer_driver():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bench_pcx_conv", Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "bench_pcx_conv.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)   # inferlearn and numpy only: the JAX worker is not imported
+    return module
+
+
+@pytest.mark.parametrize("recipes, name", [(PCX_VGG5, "pc-pn"), (PCX_VGG5, "pc-nn"), (PCX_VGG5, "pc-cn"),
+                                           (PCX_VGG7, "pc-cn"), (PCX_VGG5, "pc-ce"), (PCX_VGG5, "bp-ce")])
+def test_the_pcx_worker_gets_the_beta_our_rule_uses_each_epoch(recipes, name):
+    """The peer driver passes PCX's worker, per epoch, the β that inferlearn's row of the same recipe uses at that
+    epoch (the rule's begin_epoch); β = 1 recipes pass none (the worker's default, the label)."""
+    from inferlearn.rules import make_rule
+
+    recipe = next(r for r in recipes if r.name == name)
+    args = _peer_driver().worker_args(recipe, "vgg5", 0.125, 5, 0)
+    if not recipe.betas:
+        assert "--betas" not in args
+        return
+    worker = [float(b) for b in args[args.index("--betas") + 1].split(",")]
+    row = next(v for v in PROTOCOLS["vgg5-cifar10" if recipes is PCX_VGG5 else "vgg7-cifar10"].variants
+               if v.name == f"pcx-{name}-b")
+    rule = make_rule("pc", row.options)
+    ours = []
+    for epoch in range(1, 6):
+        rule.begin_epoch(epoch, 50000)
+        ours.append(rule._epoch_beta)
+    assert worker == ours == list(recipe.betas[:5])
 
 
 def test_pcx_protocol_is_the_mean_of_the_best_k_minus_2():

@@ -93,7 +93,7 @@ def pcx_variants(model: str, recipes: tuple, origin: str) -> tuple:
             continue
         options = {"steps": r.steps, "inference_optimizer": "momentum", "inference_momentum": r.x_momentum,
                    **({"output": "ce"} if r.ce else {}),
-                   **({"nudging": "target", "beta_schedule": ",".join(f"{b:g}" for b in r.betas)} if r.betas else {})}
+                   **({"nudging": "target", "beta_schedule": ",".join(repr(b) for b in r.betas)} if r.betas else {})}
         for suffix, rate, how in (("", r.x_lr, f"value nodes {r.x_lr:.3g} per sample"),
                                   ("-b", r.x_lr / PCX_BATCH, f"value nodes {r.x_lr:.3g}/{PCX_BATCH} per sample, as "
                                                             "PCX's code applies it")):
