@@ -42,8 +42,10 @@ def load_protocol(name: str) -> Protocol:
 
 _ADAM_LR = (3e-4, 1e-3, 3e-3)
 _PC_ADAM_LR = (3e-5, 1e-4, 3e-4)
-#: ePC's error step on VGG-5: the default and ten times smaller
-_EPC_ETAS = (1e-4, 1e-3)
+#: ePC's error step on the conv protocols: the small-step regime (1e-5, the point VGG-5's edge extension reached), the
+#: default 1e-4 and ten times larger; 1e-5 is on the grid at every rate because at high rates 1e-4 can diverge
+#: where 1e-5 does not (VGG-7 at 3e-3), and an edge extension only explores around the chosen point
+_EPC_ETAS = (1e-5, 1e-4, 1e-3)
 #: PC on VGG-5: the two upper points of the MLP grid (3e-5 learns too slowly for a few epochs), to halve the search
 _PC_CONV_LR = (1e-4, 3e-4)
 #: BP and ePC on the conv protocols: around PCX's AdamW rates (2.6e-4 to 2.9e-4) and three and ten times above
