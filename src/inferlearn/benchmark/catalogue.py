@@ -127,8 +127,8 @@ _CONV_NOTES = (_OURS + "PCX's rows (`pcx-…`): exactly the hyper-parameters of 
                "steps the weights by AdamW at every inference step, inferlearn's by plain SGD. " + _DATA)
 _RESNET_NOTES = (_OURS + "`epc-ce-small` is ePC in its small-step regime (η = 1e-5, the point VGG-5's and VGG-7's "
                  "ePC searches reach) at BP-CE's searched rate, not searched: one ePC run costs about seven BP runs; "
-                 "`pc-ce-momentum-vgg5` is `pc-ce-momentum` at the point VGG-5's search chose, not searched, on two "
-                 "seeds (one run takes 50 minutes of one core). The "
+                 "`pc-ce-momentum-vgg5` is `pc-ce-momentum` at the point VGG-5's search chose, not searched "
+                 "(one run takes 50 minutes of one core). The "
                  "ResNet-18 has no BatchNorm (bn=off); PCX publishes no ResNet-18 recipe. " + _DATA)
 
 
@@ -226,7 +226,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         "(--budget cpu: width ×1/8, 5 epochs)",
         data="cifar10", arch="resnet18", variants=_conv_variants("resnet18", (), "") + (
             Variant("epc-ce-small", "epc", "ePC, cross-entropy (K = 5), η = 1e-5 at BP-CE's searched rate 3e-3",
-                    {"output": "ce", "step_size": 1e-5}, train={"lr": 3e-3}), _pc_at_vgg5_choice(max_seeds=2)),
+                    {"output": "ce", "step_size": 1e-5}, train={"lr": 3e-3}), _pc_at_vgg5_choice()),
         train=_CONV_TRAIN,
         val_size=5000, extend=2, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
         full_device="cuda", notes=_RESNET_NOTES),
