@@ -156,9 +156,10 @@ def test_interrupted_benchmark_resumes_to_the_same_accuracies(bench, spec, tmp_p
 
 def test_reuse_takes_recorded_runs_and_trains_only_the_rest(bench, spec, tmp_path):
     """A results.json whose run folders are gone: --reuse gives the same rows without training them, trains the
-    seeds it lacks (a fourth seed here), and trains again a variant whose grid changed."""
+    seeds it lacks (a fourth seed here), and of a variant whose grid changed trains only the new points (and its
+    finals only where the choice moved)."""
     changed = json.loads(spec.read_text())
-    changed["variants"][1]["search"]["rule.step_size"] = [0.05, 0.07]   # pc's grid changed: pc trains again
+    changed["variants"][1]["search"]["rule.step_size"] = [0.05, 0.07]   # pc's grid changed: 0.07 is new
     spec2 = tmp_path / "tiny.json"
     spec2.write_text(json.dumps(changed))
     saved = tmp_path / "saved.json"
@@ -175,14 +176,19 @@ def test_reuse_takes_recorded_runs_and_trains_only_the_rest(bench, spec, tmp_pat
     accs = [f["test_acc"] for f in ref["bp"]["finals"]] + [_metrics(out / "final" / "bp" / "seed3")[-1]["test_acc"]]
     assert rows["bp"]["test_acc_mean"] == pytest.approx(np.mean(accs), abs=1e-12)
     assert [f.get("reused", False) for f in rows["bp"]["finals"]] == [True, True, True, False]
-    assert (out / "search" / "pc" / "lr=0.1,rule.step_size=0.07").exists()   # pc's new grid: searched, trained
-    assert not any(f.get("reused") for f in rows["pc"]["finals"])
+    assert (out / "search" / "pc" / "lr=0.1,rule.step_size=0.07").exists()   # pc's new point: searched, trained
+    assert not (out / "search" / "pc" / "lr=0.1,rule.step_size=0.05").exists()   # its recorded point: taken
+    assert rows["pc"]["search"][0] == ref["pc"]["search"][0]
+    same = rows["pc"]["chosen"] == ref["pc"]["chosen"]   # pc's finals are taken only where its choice stayed
+    assert [f.get("reused", False) for f in rows["pc"]["finals"]] == [same] * 3 + [False]
     md = (out / "results.md").read_text()
-    assert "**Reused:** 3 final run(s)" in md and str(saved) in md
-    assert stdout.count("recorded in --reuse, not trained") == 2 + 3   # bp's two search points, three finals
+    assert f"**Reused:** {3 + 3 * same} final run(s)" in md and str(saved) in md
+    # bp's two search points and three finals, pc's recorded point (and its finals where the choice stayed)
+    assert stdout.count("recorded in --reuse, not trained") == 2 + 3 + 1 + 3 * same
     rc, stdout, _ = _cli("benchmark", str(spec2), "--budget", "full", "--seeds", "4", "--out", str(tmp_path / "o2"),
                          "--dry-run", "--reuse", str(saved))
-    assert rc == 0 and stdout.count("[reused from --reuse]") == 2 + 3
+    # a fresh folder: pc's new point is to run, so its finals wait for the search
+    assert rc == 0 and stdout.count("[reused from --reuse]") == 2 + 3 + 1 and "[after the search]" in stdout
 
 
 def test_reuse_takes_a_row_whose_search_went_past_its_grid(bench, spec, tmp_path):

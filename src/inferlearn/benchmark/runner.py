@@ -21,8 +21,9 @@ Every training run is an ordinary run folder of the one training loop (:func:`in
     OUT/results.md, results.json, results.png   (rewritten after each variant, marked partial until the last)
 
 ``--reuse RESULTS.json`` (:func:`load_reuse`) takes the search scores and final runs that an earlier ``results.json`` of
-the same protocol and budget records, for the variants whose rule, options and grid are unchanged, instead of training
-them again: a committed table whose run folders are gone is continued from it. Each reused final run keeps its folder's
+the same protocol and budget records, for the variants whose rule and options are unchanged, instead of training
+them again (a grid that has grown trains only its new points): a committed table whose run folders are gone is
+continued from it. Each reused final run keeps its folder's
 name and its epoch times (measured where it ran); the header counts the reused runs and names the file.
 
 A rerun of the same command skips the runs whose folders hold them finished (without rewriting a file:
@@ -156,10 +157,10 @@ def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict
     """The rows of an earlier ``results.json`` that this benchmark can take instead of training them again.
 
     The file must be of the same protocol and budget; a variant is taken only when its rule and options equal the
-    protocol's now and its search recorded every point of the protocol's grid (points beyond it, which a search
-    adds past a grid's edge, may be recorded too; an unsearched variant takes only an unsearched row); otherwise it
-    trains again. Within a taken row, a search point counts when it records all ``search_seeds`` seeds, a final run
-    when the row chose the point the search chooses now.
+    protocol's now (an unsearched variant takes only an unsearched row); otherwise it trains again. Within a taken
+    row, each search point counts on its own when it records all ``search_seeds`` seeds — a grid that has grown
+    since trains only its new points, and points a search added past a grid's edge are taken where the search
+    reaches them again — and a final run counts when the row chose the point the search chooses now.
 
     Returns:
         ``{variant name: its row}`` (empty for ``path=None``).
@@ -191,9 +192,8 @@ def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict
             v = protocol.variant(row["variant"])
         except (KeyError, ValueError):
             continue
-        grid, recorded = search_points(v), [s["point"] for s in row.get("search", [])]
-        covered = all(p in recorded for p in grid) if grid else not recorded
-        if (row.get("rule"), row.get("options")) == (v.rule, dict(v.options)) and covered:
+        searched_then, searched_now = bool(row.get("search")), bool(search_points(v))
+        if (row.get("rule"), row.get("options")) == (v.rule, dict(v.options)) and (searched_now or not searched_then):
             taken[v.name] = row
     return taken
 
