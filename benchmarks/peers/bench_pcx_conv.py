@@ -16,7 +16,9 @@ Rows: a PC recipe is PCX's code, so its value-node rate acts per sample as rate/
     python benchmarks/peers/bench_pcx_conv.py --protocol vgg5-cifar10 --methods bp-ce,pc-ce --seeds 3 \
         --out runs/benchmark/vgg5-cifar10-cpu --data-dir DIR --allow-unverified --cpu 0
 
-Every run's result is kept under ``OUT/pcx/NAME/seedK.json`` and skipped when present (an interrupted study resumes).
+Every run's result is kept under ``OUT/pcx/NAME/seedK.json`` and skipped when present (an interrupted study resumes);
+the seeds that an earlier ``OUT/pcx.json`` records and whose files are gone stay in their rows (:func:`merged_row`):
+copy a committed ``pcx.json`` into ``OUT`` and ``--seeds 3`` trains only the seeds it lacks.
 The PCX virtual environment is ``bench_pcx.py``'s (``--venv``, created there on first use).
 """
 from __future__ import annotations
@@ -74,6 +76,23 @@ def worker_args(recipe, model: str, width: float, epochs: int, seed: int) -> lis
     return args + (["--ce"] if recipe.ce else [])
 
 
+def merged_row(runs: list[dict], earlier: dict | None, epochs: int) -> dict:
+    """A recipe's row of ``pcx.json`` from its per-seed result files, in seed order; a seed the files lack but the
+    earlier ``pcx.json`` row records (its folder gone, its table kept) is taken from that row, so that a study is
+    continued from the committed file alone (as ``inferlearn benchmark --reuse``)."""
+    seeds = {r["args"]["seed"]: {"test_acc": r["test_acc"][-1], "best_test_acc": max(r["test_acc"]),
+                                 "epoch_seconds": list(r["epoch_seconds"]), "compile_s": r["compile_s"]} for r in runs}
+    for i, seed in enumerate((earlier or {}).get("seeds", [])):
+        if seed not in seeds:
+            seeds[seed] = {"test_acc": earlier["test_acc"][i], "best_test_acc": earlier["best_test_acc"][i],
+                           "epoch_seconds": earlier["epoch_seconds"][i * epochs:(i + 1) * epochs],
+                           "compile_s": earlier["compile_s"][i]}
+    order = sorted(seeds)
+    return {"test_acc": [seeds[k]["test_acc"] for k in order], "best_test_acc": [seeds[k]["best_test_acc"] for k in order],
+            "epoch_seconds": [t for k in order for t in seeds[k]["epoch_seconds"]],
+            "compile_s": [seeds[k]["compile_s"] for k in order], "seeds": order}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--protocol", choices=sorted(RECIPES), default="vgg5-cifar10")
@@ -104,13 +123,19 @@ def main(argv=None) -> int:
     out = Path(a.out)
     env = dict(os.environ, OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    earlier = json.loads((out / "pcx.json").read_text()) if (out / "pcx.json").exists() else {}
+
+    def key(name: str) -> str:
+        return f"pcx-{name}-b" if by_name[name].steps else f"pcx-{name}"
+
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(a.seeds):
             data = Path(tmp) / f"seed{seed}.npz"
             for name in a.methods.split(","):
                 result = out / "pcx" / name / f"seed{seed}.json"
-                if result.exists():
-                    print(f"pcx {name} seed {seed}: finished earlier, skipped")
+                if result.exists() or seed in earlier.get("variants", {}).get(key(name), {}).get("seeds", []):
+                    print(f"pcx {name} seed {seed}: finished earlier ({'its file' if result.exists() else 'pcx.json'}), "
+                          "skipped")
                     continue
                 if not data.exists():
                     export(data, seed, arch, epochs, 128, a.data_dir, a.allow_unverified)
@@ -122,13 +147,8 @@ def main(argv=None) -> int:
                 os.replace(str(result) + ".tmp", result)
     rows = {}
     for name in a.methods.split(","):
-        recipe = by_name[name]
         runs = [json.loads(f.read_text()) for f in sorted((out / "pcx" / name).glob("seed*.json"))]
-        rows[f"pcx-{name}-b" if recipe.steps else f"pcx-{name}"] = {
-            "test_acc": [r["test_acc"][-1] for r in runs], "best_test_acc": [max(r["test_acc"]) for r in runs],
-            "epoch_seconds": [t for r in runs for t in r["epoch_seconds"]],
-            "compile_s": [r["compile_s"] for r in runs], "seeds": [r["args"]["seed"] for r in runs]}
-    earlier = json.loads((out / "pcx.json").read_text()) if (out / "pcx.json").exists() else {}
+        rows[key(name)] = merged_row(runs, earlier.get("variants", {}).get(key(name)), epochs)
     command = "python benchmarks/peers/bench_pcx_conv.py " + " ".join(sys.argv[1:] if argv is None else argv)
     commands = earlier.get("commands", [earlier["command"]] if "command" in earlier else [])   # every run's, in order
     versions = next((json.loads(f.read_text())["versions"] for f in (out / "pcx").glob("*/seed*.json")), {})

@@ -190,3 +190,15 @@ def test_a_search_on_the_edge_extends_the_grid_before_the_final_runs(tmp_path):
     assert row["chosen"]["lr"] == max(val, key=val.get)
     rc, stdout, _ = _cli(*args[:-1], "--dry-run")
     assert rc == 0 and "**4 runs:** 4 finished." in stdout
+
+
+def test_the_peer_row_keeps_the_seeds_only_the_earlier_pcx_json_records():
+    """A seed whose result file is gone but which the committed pcx.json records stays in the row, in seed order,
+    with its own epochs' times; a seed with a file is taken from the file (here: seeds 1 and 2 new, 0 recorded)."""
+    earlier = {"test_acc": [0.43], "best_test_acc": [0.44], "epoch_seconds": [5.0, 6.0], "compile_s": [1.5], "seeds": [0]}
+    runs = [{"args": {"seed": s}, "test_acc": [0.3, acc], "epoch_seconds": [s, s + 0.5], "compile_s": 2.0}
+            for s, acc in ((2, 0.42), (1, 0.41))]
+    row = _peer_driver().merged_row(runs, earlier, epochs=2)
+    assert row == {"test_acc": [0.43, 0.41, 0.42], "best_test_acc": [0.44, 0.41, 0.42],
+                   "epoch_seconds": [5.0, 6.0, 1, 1.5, 2, 2.5], "compile_s": [1.5, 2.0, 2.0], "seeds": [0, 1, 2]}
+    assert _peer_driver().merged_row(runs[:1], None, epochs=2)["seeds"] == [2]
