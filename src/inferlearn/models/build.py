@@ -29,15 +29,36 @@ def _kind(arch: str) -> str:
     return "mlp"
 
 
+# oneDNN's AVX2 1×1-convolution kernel blocks input channels by 8; with a strided 1×1 convolution on fewer
+# channels in the NHWC layout, its backward-weights pass writes past its workspace (uxlfoundation/oneDNN#6035)
+ONEDNN_1X1_IC_BLOCK = 8
+
+
+def strided_1x1_conv_on_few_channels(model: nn.Module) -> str | None:
+    """The name of the first convolution that channels-last would send into oneDNN's faulty kernel (1×1 kernel,
+    stride > 1, fewer than 8 input channels), or ``None``.
+
+    In the NHWC layout on an AVX2 CPU, oneDNN's backward-weights pass of such a layer corrupts the heap at one
+    thread (the process dies) and returns wrong weight gradients at more (relative error 6e-3 measured at 3 input
+    channels, 2 threads); in NCHW the same layer takes a blocked-layout kernel that is right."""
+    for name, m in model.named_modules():
+        if (isinstance(m, nn.Conv2d) and tuple(m.kernel_size) == (1, 1) and max(m.stride) > 1
+                and m.in_channels // m.groups < ONEDNN_1X1_IC_BLOCK):
+            return name
+    return None
+
+
 def channels_last(model: nn.Module) -> nn.Module:
     """``model`` with its 4-d parameters (conv kernels) in the channels-last layout (NHWC), in place.
 
     A conv layer whose kernel is channels-last gives channels-last outputs, so every activation, value node
     and error of an inference rule follows; on CPU this is faster for convolutions and several times faster
     for max pooling (PyTorch's NCHW max pooling is its slow path), the same numbers up to float rounding.
-    A model without 4-d parameters is returned unchanged.
+    A model without 4-d parameters is returned unchanged, and so is one with a strided 1×1 convolution on
+    fewer than 8 channels (a narrow ResNet's shortcut), whose NHWC backward oneDNN computes wrongly or crashes
+    on (:func:`strided_1x1_conv_on_few_channels`): it stays NCHW, slower but right.
     """
-    if any(p.dim() == 4 for p in model.parameters()):
+    if any(p.dim() == 4 for p in model.parameters()) and strided_1x1_conv_on_few_channels(model) is None:
         model.to(memory_format=torch.channels_last)
     return model
 
