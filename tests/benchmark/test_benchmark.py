@@ -205,6 +205,30 @@ def test_reuse_takes_a_row_whose_search_went_past_its_grid(bench, spec, tmp_path
     assert stdout.count("[reused from --reuse]") == 2 * (2 + 3)
 
 
+def test_reuse_reads_a_results_json_from_the_git_history(bench, spec, tmp_path, monkeypatch):
+    """``--reuse REVISION:PATH`` takes the rows of a results.json that only the history holds (committed tables
+    keep it there), as the file itself would; a revision git cannot show is one line naming it."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "results.json").write_text((bench / "results.json").read_text())
+    git("add", "results.json")
+    git("commit", "-qm", "table")
+    git("rm", "-q", "results.json")
+    git("commit", "-qm", "the table's json to the history")
+    monkeypatch.chdir(tmp_path)
+    rc, stdout, err = _cli("benchmark", str(spec), "--budget", "full", "--seeds", "3", "--out", str(tmp_path / "o"),
+                           "--dry-run", "--reuse", "HEAD~1:results.json")
+    assert rc == 0, err
+    assert stdout.count("[reused from --reuse]") == 2 * (2 + 3)
+    rc, _, err = _cli("benchmark", str(spec), "--budget", "full", "--out", str(tmp_path / "o"), "--dry-run",
+                      "--reuse", "HEAD:results.json")
+    assert rc == 2 and "--reuse HEAD:results.json: no such file" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("content, fragment", [
     (None, "no such file"), ("{not json", "not a benchmark's results.json"),
     ('{"variants": [], "protocol": "mlp-mnist", "budget_width": 1.0, "budget_epochs": 1.0}',

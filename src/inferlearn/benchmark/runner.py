@@ -23,7 +23,7 @@ Every training run is an ordinary run folder of the one training loop (:func:`in
 ``--reuse RESULTS.json`` (:func:`load_reuse`) takes the search scores and final runs that an earlier ``results.json`` of
 the same protocol and budget records, for the variants whose rule and options are unchanged, instead of training
 them again (a grid that has grown trains only its new points): a committed table whose run folders are gone is
-continued from it. Each reused final run keeps its folder's
+continued from it (``--reuse REVISION:PATH`` reads it from the git history, where the committed tables keep it). Each reused final run keeps its folder's
 name and its epoch times (measured where it ran); the header counts the reused runs and names the file.
 
 A rerun of the same command skips the runs whose folders hold them finished (without rewriting a file:
@@ -35,7 +35,9 @@ run folders; the engine and the rules know nothing of it.
 from __future__ import annotations
 
 import json
+import re
 import statistics
+import subprocess
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -153,6 +155,30 @@ def plan(protocol: Protocol, settings: Settings) -> list[dict]:
     return runs
 
 
+_REVISION_PATH = re.compile(r"(?P<rev>[^\s:/][^\s:]*):(?P<path>[^:]+)")
+
+
+def reuse_text(path: str) -> str:
+    """The text of ``--reuse``'s file: ``path`` itself, or, when no such file exists and it reads ``REVISION:PATH``
+    (``3f66cc6:benchmarks/results/benchmark/mlp-mnist/results.json``), that file as the git history of the
+    repository around the working directory holds it at that revision (``git show REVISION:PATH``) — the committed
+    tables keep their ``results.json`` in the history only.
+
+    Raises:
+        FileNotFoundError: no such file, and not a revision and path that git can show.
+    """
+    file = Path(path)
+    if file.exists() or not (m := _REVISION_PATH.fullmatch(path)):
+        return file.read_text()
+    try:
+        shown = subprocess.run(["git", "show", f"{m['rev']}:{m['path']}"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        raise FileNotFoundError(path) from None
+    if shown.returncode != 0:
+        raise FileNotFoundError(path)
+    return shown.stdout
+
+
 def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict[str, dict]:
     """The rows of an earlier ``results.json`` that this benchmark can take instead of training them again.
 
@@ -170,13 +196,13 @@ def load_reuse(path: str | None, protocol: Protocol, settings: Settings) -> dict
     """
     if path is None:
         return {}
-    file = Path(path)
     try:
-        saved = json.loads(file.read_text())
+        saved = json.loads(reuse_text(path))
         rows, name = saved["variants"], saved["protocol"]
         budget = (saved["budget_width"], saved["budget_epochs"])
     except FileNotFoundError:
-        raise ValueError(f"--reuse {path}: no such file; give the results.json of an earlier run of this benchmark") from None
+        raise ValueError(f"--reuse {path}: no such file; give the results.json of an earlier run of this benchmark "
+                         "(or REVISION:PATH, a results.json in this repository's git history)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"--reuse {path}: not a benchmark's results.json ({type(exc).__name__}: {exc}); give the "
                          "results.json that `inferlearn benchmark` wrote") from None

@@ -27,8 +27,9 @@ def register(sub) -> None:
                         "development copy); every output says so")
     p.add_argument("--reuse", default=None, metavar="RESULTS_JSON",
                    help="take the search scores and final runs recorded in an earlier results.json of this protocol "
-                        "and budget instead of training them again (e.g. a committed table whose run folders are gone); "
-                        "variants whose rule, options or grid changed train again")
+                        "and budget instead of training them again (e.g. a committed table whose run folders are gone; "
+                        "REVISION:PATH reads it from this repository's git history); variants whose rule or options "
+                        "changed train again, and a grown grid trains only its new points")
     p.add_argument("--variants", default=None, metavar="NAME,NAME",
                    help="run only these variants (comma-separated names; default all): the table holds them, and a "
                         "later run of every variant into the same --out skips the runs already finished")
