@@ -134,7 +134,8 @@ def test_a_subset_of_variants_then_all_of_them(tmp_path):
     assert [f["best_test_acc"] for f in row["finals"]] == best
     assert row["pcx_protocol"]["mean"] == pytest.approx(max(best)) and row["pcx_protocol"]["kept"] == 1
     (out / "pcx.json").write_text(json.dumps({"variants": {"pc": {"test_acc": [0.25, 0.35], "best_test_acc": [0.3, 0.4],
-                                                                  "epoch_seconds": [2.0, 4.0, 3.0]}}}))
+                                                                  "epoch_seconds": [2.0, 4.0, 3.0]}},
+                                           "commands": ["python bench_pcx_conv.py --seeds 2"]}))
     rc, stdout, err = _cli(*args)
     assert rc == 0, err
     assert "final pc default seed 0: test" in stdout and "(finished earlier, skipped)" in stdout
@@ -143,6 +144,7 @@ def test_a_subset_of_variants_then_all_of_them(tmp_path):
     assert [r["variant"] for r in res["variants"]] == ["bp", "pc"] and res["complete"]
     md = (out / "results.md").read_text()
     assert "30.00 ± 5.00 (2); best-epoch 35.00; 3 s/epoch" in md and "PCX, this budget" in md
+    assert "**PCX's column** (`pcx.json`) was made by `python bench_pcx_conv.py --seeds 2`." in md   # its command
     (out / "pcx.json").write_text(json.dumps({"variants": ["pc"]}))
     rc, _, err = _cli(*args)
     assert rc == 2 and "pcx.json" in err and len(err.strip().splitlines()) == 1

@@ -113,6 +113,7 @@ def results_of(protocol: Protocol, settings: Settings, command: str, rows: list[
             "device": settings.device, "command": command, "select": protocol.select, "seeds": settings.seeds,
             "val_size": protocol.val_size, "search_seeds": protocol.search_seeds, "baseline": protocol.baseline,
             "reused_from": settings.reuse, "peer": load_peer(Path(settings.out) / PEER_FILE),
+            "peer_commands": peer_commands(Path(settings.out) / PEER_FILE),
             "reference_source": protocol.source, "notes": protocol.notes, "variants": rows}
 
 
@@ -142,6 +143,16 @@ def load_peer(path: Path) -> dict:
         raise ValueError(f"{path}: 'variants' must map each variant to {{'test_acc': [numbers], ...}}; rerun "
                          "benchmarks/peers/bench_pcx_conv.py or delete the file")
     return rows
+
+
+def peer_commands(path: Path) -> list[str]:
+    """The commands that wrote a benchmark folder's ``pcx.json`` (``commands``, or an older file's one ``command``),
+    for the table to name; ``[]`` without the file (:func:`load_peer` has checked its shape)."""
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    commands = data.get("commands", [data["command"]] if "command" in data else [])
+    return [c for c in commands if isinstance(c, str)]
 
 
 def format_peer(entry: dict | None) -> str:
@@ -216,6 +227,9 @@ def format_results(protocol: Protocol, settings: Settings, results: dict) -> str
               f"include compiling); its ratio to `{protocol.baseline}`'s in this benchmark (runs resumed on another "
               "machine mix timings). Search scores per point: `results.json`; every run's metrics: its folder under "
               "`search/` or `final/`.", ""]
+    if results.get("peer_commands"):
+        lines += ["**PCX's column** (`pcx.json`) was made by " + "; ".join(f"`{c}`" for c in results["peer_commands"])
+                  + ".", ""]
     skipped = [r for r in results["variants"] if r["skipped"]]
     if skipped:
         lines += ["Skipped:", ""] + [f"- {r['label']}: {r['skipped']}" for r in skipped] + [""]
