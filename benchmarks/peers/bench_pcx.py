@@ -306,7 +306,7 @@ def variants(cores: int, compiled: bool = True) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="See the module docstring (and benchmarks/peers/README.md) for the method.")
+                                epilog="See the module docstring (and docs/peers.md) for the method.")
     p.add_argument("--venv", default=DEFAULT_VENV, help=f"PCX's virtual environment (default {DEFAULT_VENV})")
     p.add_argument("--no-install", action="store_true", help="fail instead of creating the venv when it is missing")
     p.add_argument("--no-pcx", action="store_true", help="inferlearn and the floors only")
@@ -503,7 +503,7 @@ def markdown(results, meta) -> str:
         "# inferlearn vs PCX: predictive coding and back-propagation epoch times", "",
         f"Command: `{meta['command']}` ({meta['date']})", "",
         f"Versions: inferlearn (this commit), torch {meta['torch']}; {ver}; Python {meta['python']}, {meta['machine']}.",
-        "", "Setup (see `benchmarks/peers/README.md`): MNIST from inferlearn's loader, the same initial weights "
+        "", "Setup (see `docs/peers.md`): MNIST from inferlearn's loader, the same initial weights "
         "(inferlearn's, exported), the same batches in the same order, float32, data in memory, for both libraries. "
         "MLP `784-64-64-64-10` and conv net `conv:8-16/64`, ReLU. PC: T = 15 inference steps, value-node SGD step η, "
         f"weight SGD lr; *inferlearn defaults* η = {SETTINGS['inferlearn defaults']['eta']:g}, "
