@@ -192,6 +192,19 @@ def test_committed_benchmark_results_stay_small():
     assert size <= 5e6, f"benchmarks/results holds {size / 1e6:.1f} MB (> 5 MB): commit tables and the pictures the docs embed"
 
 
+def test_no_benchmark_json_is_committed_and_benchmarks_stay_a_quarter_of_the_lines():
+    """The benchmark tables' results.json and pcx.json live in the history (``--reuse REVISION:PATH``), and
+    benchmarks/ holds at most a quarter of the repository's text lines (files without a NUL byte)."""
+    committed = [p.relative_to(REPO).as_posix() for p in _tracked("benchmarks") if p.suffix == ".json"]
+    assert not committed, f"benchmark JSON committed (keep it in the history; benchmarks/README.md): {committed}"
+
+    def lines(p: Path) -> int:
+        data = p.read_bytes()
+        return 0 if b"\0" in data[:8000] else data.count(b"\n")
+    ours, total = sum(map(lines, _tracked("benchmarks"))), sum(map(lines, _tracked(".")))
+    assert ours <= total / 4, f"benchmarks/ holds {ours} of {total} text lines ({ours / total:.1%} > 25 %)"
+
+
 def test_every_results_table_names_the_command_that_makes_it():
     made = re.compile(r"\binferlearn (?:train|compare|reproduce|benchmark|admm)\b|\b[A-Za-z0-9_/]+\.py\b")
     nameless = [p.relative_to(REPO).as_posix() for p in _tracked("benchmarks/results")
