@@ -218,7 +218,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         data="cifar10", arch="vgg7", variants=_conv_variants("vgg7", PCX_VGG7, "VGG-7 CIFAR-100") + (_pc_at_vgg5_choice(),),
         train=_CONV_TRAIN,
         val_size=5000, extend=2, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
-        full_device="cuda", notes=_CONV_NOTES + " PCX publishes VGG-7 recipes for CIFAR-100 and Tiny ImageNet, not "
+        full_device="cuda", baseline="bp-ce", notes=_CONV_NOTES + " PCX publishes VGG-7 recipes for CIFAR-100 and Tiny ImageNet, not "
         "CIFAR-10: the pcx- rows use the CIFAR-100 files. `pc-ce-momentum-vgg5` is `pc-ce-momentum` at the point VGG-5's "
         "search chose (lr 3e-4, step 0.0147), not searched."),
     Protocol(
@@ -229,7 +229,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
                     {"output": "ce", "step_size": 1e-5}, train={"lr": 3e-3}), _pc_at_vgg5_choice()),
         train=_CONV_TRAIN,
         val_size=5000, extend=2, cpu=Budget("cpu", width=0.125, epochs=0.1), smoke=Budget("smoke", width=0.0625, epochs=0.02),
-        full_device="cuda", notes=_RESNET_NOTES),
+        full_device="cuda", baseline="bp-ce", notes=_RESNET_NOTES),
     Protocol(
         name="vit-mnist", summary="A 2-block vision transformer on MNIST (7×7 patches): BP, Fenchel BP, PC, ePC; a quick "
         "check of the transformer rows on a CPU", data="mnist", arch="vit:depth=2,width=32,heads=2,patch=7,pool=mean,act=gelu",

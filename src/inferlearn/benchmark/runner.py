@@ -367,7 +367,7 @@ def probe(config: TrainConfig) -> str | None:
     one-line reason for refusing it."""
     with warnings.catch_warnings():   # the runs themselves say that the copy is unverified
         warnings.simplefilter("ignore", UnverifiedDataWarning)
-        setup = build(config.replace(device="cpu", compile="off"))
+        setup = build(config.replace(device="cpu", compile="off", limit_train=2, val_size=0))   # not 50,000 images
     try:
         setup.rule.backward(setup.model, setup.train_x[:2], setup.train_y[:2])
     except ValueError as exc:
@@ -516,8 +516,8 @@ def _run(protocol: Protocol, settings: Settings, command: str, runs: list[dict],
             _note(say, {"kind": "final", "variant": v.name, "point": row["chosen"], "seed": k}, res,
                   f"test {final['test_acc']:.4f}" if "test_acc" in final else "diverged")
             bar.update(1)
-            if k + 1 < v.final_seeds(settings.seeds):   # the seeds so far, in case the benchmark stops before the last
-                summarise(row)
+            if k + 1 < v.final_seeds(settings.seeds) and not res.get("reused"):   # the seeds so far, in case the
+                summarise(row)                                                   # benchmark stops before the last
                 write_results(protocol, settings, command, rows, running=v.name)
         if row["chosen"] is not None:
             summarise(row)
