@@ -43,3 +43,10 @@ def frozen():
 
 def no_parameters():
     return nn.Sequential(nn.Flatten(), nn.AdaptiveAvgPool1d(10))   # (batch, 64) -> (batch, 10), nothing to learn
+
+
+def strided_1x1_channels_last():
+    """A strided 1×1 convolution on 3 channels after a 3×3 one, all channels-last: oneDNN's faulty kernel (NCHW is
+    right)."""
+    return nn.Sequential(nn.Unflatten(1, (3, 8, 8)), nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 6, 1, stride=2),
+                         nn.Flatten(), nn.Linear(6 * 4 * 4, 10)).to(memory_format=torch.channels_last)

@@ -185,6 +185,32 @@ def test_a_narrow_resnets_weight_gradients_equal_float64_autograd(threads):
                                    msg=pname)
 
 
+def test_a_users_channels_last_model_on_oneDNNs_faulty_kernel_is_moved_to_nchw_and_gets_float64s_gradient():
+    """A builder's channels-last model with a strided 1×1 convolution on 3 channels (oneDNN's faulty kernel) is
+    moved to NCHW with a warning naming the layer, and its gradients at 2 threads then equal float64 autograd's.
+    (At these 8×8 images the faulty kernel happens to be right; at 32×32 it can hang, so the test checks the move.)"""
+    from inferlearn import InferlearnWarning
+    from inferlearn.models import build_model
+
+    with pytest.warns(InferlearnWarning, match=r"convolution '2' .*oneDNN#6035.*moved to NCHW"):
+        model = build_model("bad_models:strided_1x1_channels_last", "relu", 3 * 8 * 8, 10, (3, 8, 8))
+    assert all(p.is_contiguous() for p in model.parameters())
+    x = torch.randn(16, 3 * 8 * 8, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(16) % 10
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.nn.functional.cross_entropy(model(x), labels).backward()
+    finally:
+        torch.set_num_threads(before)
+    ref = copy.deepcopy(model).double()
+    ref.zero_grad()
+    torch.nn.functional.cross_entropy(ref(x.double()), labels).backward()
+    for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-5 * q.grad.abs().max().item(),
+                                   msg=pname)
+
+
 @pytest.mark.parametrize("arch, message", [
     ("vgg6", "Unknown architecture 'vgg6': expected MLP widths"),
     ("vgg6:width=2", "Unknown architecture 'vgg6:width=2'"),

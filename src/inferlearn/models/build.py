@@ -1,11 +1,13 @@
 """From an architecture string (``--arch``) to a model: MLP widths, ``conv:…``, the zoo, or your own builder."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from ..errors import InferlearnWarning
 from ..units import Box
 from .conv import conv_net, parse_conv_arch
 from .mlp import MLP, parse_arch
@@ -63,6 +65,23 @@ def channels_last(model: nn.Module) -> nn.Module:
     return model
 
 
+def nchw_where_onednn_fails(model: nn.Module, arch: str) -> nn.Module:
+    """``model`` (a user's builder's) moved to NCHW, with a warning, when it is channels-last (a 4-d parameter in
+    that layout) and has a convolution that :func:`strided_1x1_conv_on_few_channels` names: fed channels-last
+    activations, oneDNN would compute that layer's weight gradient wrongly or crash (uxlfoundation/oneDNN#6035). A
+    1×1 kernel alone is in both layouts at once, so the other kernels say which one the model runs in. Any other
+    model is returned as it is."""
+    name = strided_1x1_conv_on_few_channels(model)
+    if name is None or not any(p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(
+            memory_format=torch.channels_last) for p in model.parameters()):
+        return model
+    warnings.warn(f"Model builder {arch!r}: the model is channels-last and its convolution {name!r} is 1×1 with "
+                  f"stride > 1 on fewer than {ONEDNN_1X1_IC_BLOCK} input channels, whose weight gradient oneDNN "
+                  "computes wrongly or crashes on in that layout (uxlfoundation/oneDNN#6035); the model is moved to "
+                  "NCHW (return it in NCHW to silence this)", InferlearnWarning, stacklevel=3)
+    return model.to(memory_format=torch.contiguous_format)
+
+
 def build_model(arch: str, units: str | Box, n_features: int, n_classes: int, image_shape: Sequence[int],
                 seed: int = 0, init_scale: float = 1.0, data_name: str = "the data") -> nn.Module:
     """The model an architecture string describes.
@@ -73,7 +92,8 @@ def build_model(arch: str, units: str | Box, n_features: int, n_classes: int, im
       and optional dense hidden widths after ``/``;
     * a zoo model, ``vgg5`` or ``vgg5:width=0.5,pool=avg`` (:mod:`inferlearn.models.zoo`): its input shape
       and classes come from the data, ``units`` is its default activation, ``seed`` seeds it;
-    * ``package.module:function``: your own model (used as it is), ``function()`` returning an ``nn.Module`` (seeded
+    * ``package.module:function``: your own model (used as it is, but moved to NCHW where oneDNN's channels-last
+      kernel would get it wrong: :func:`nchw_where_onednn_fails`), ``function()`` returning an ``nn.Module`` (seeded
       with ``seed`` before the call). Rules accept it when the engine can read it (:mod:`inferlearn.engine`).
 
     Raises:
@@ -105,7 +125,7 @@ def build_model(arch: str, units: str | Box, n_features: int, n_classes: int, im
         model = fn()
         if not isinstance(model, nn.Module):
             raise ValueError(f"Model builder {arch!r} returned {type(model).__name__}, not an nn.Module")
-        return model
+        return nchw_where_onednn_fails(model, arch)
     sizes = parse_arch(arch)
     if sizes[0] != n_features or sizes[-1] != n_classes:
         raise ValueError(f"Architecture {arch} does not fit {data_name}: inputs have {n_features} features "
