@@ -112,8 +112,7 @@ def results_of(protocol: Protocol, settings: Settings, command: str, rows: list[
             "budget_width": settings.budget.width, "budget_epochs": settings.budget.epochs, "data": data,
             "device": settings.device, "command": command, "select": protocol.select, "seeds": settings.seeds,
             "val_size": protocol.val_size, "search_seeds": protocol.search_seeds, "baseline": protocol.baseline,
-            "reused_from": settings.reuse, "peer": load_peer(Path(settings.out) / PEER_FILE),
-            "peer_commands": peer_commands(Path(settings.out) / PEER_FILE),
+            "reused_from": settings.reuse, **peer_results(Path(settings.out) / PEER_FILE),
             "reference_source": protocol.source, "notes": protocol.notes, "variants": rows}
 
 
@@ -121,15 +120,16 @@ def results_of(protocol: Protocol, settings: Settings, command: str, rows: list[
 PEER_FILE = "pcx.json"
 
 
-def load_peer(path: Path) -> dict:
-    """``{variant: {"test_acc": [...], "best_test_acc": [...], "epoch_seconds": [...]}}`` from a benchmark folder's
-    ``pcx.json`` (``{}`` when there is none).
+def peer_results(path: Path) -> dict:
+    """``{"peer": {variant: {"test_acc": [...], "best_test_acc": [...], "epoch_seconds": [...]}}, "peer_commands":
+    [...]}`` from a benchmark folder's ``pcx.json``: the peer's rows and the commands that wrote them (``commands``, or
+    an older file's one ``command``), for the table to name; both empty when there is no file.
 
     Raises:
         ValueError: a file that is not that shape, in one line naming it.
     """
     if not path.is_file():
-        return {}
+        return {"peer": {}, "peer_commands": []}
     try:
         data = json.loads(path.read_text())
         rows = data["variants"]
@@ -142,17 +142,8 @@ def load_peer(path: Path) -> dict:
     if not ok:
         raise ValueError(f"{path}: 'variants' must map each variant to {{'test_acc': [numbers], ...}}; rerun "
                          "benchmarks/peers/bench_pcx_conv.py or delete the file")
-    return rows
-
-
-def peer_commands(path: Path) -> list[str]:
-    """The commands that wrote a benchmark folder's ``pcx.json`` (``commands``, or an older file's one ``command``),
-    for the table to name; ``[]`` without the file (:func:`load_peer` has checked its shape)."""
-    if not path.is_file():
-        return []
-    data = json.loads(path.read_text())
     commands = data.get("commands", [data["command"]] if "command" in data else [])
-    return [c for c in commands if isinstance(c, str)]
+    return {"peer": rows, "peer_commands": [c for c in commands if isinstance(c, str)]}
 
 
 def format_peer(entry: dict | None) -> str:
