@@ -158,6 +158,22 @@ def test_backprop_fills_the_grad_of_every_parameter(name):
         assert p.grad.abs().sum() > 0, pname
 
 
+def assert_gradients_equal_float64(model, x, labels, threads: int) -> None:
+    """``model``'s float32 cross-entropy gradients at ``threads`` threads equal float64 autograd's on a copy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.nn.functional.cross_entropy(model(x), labels).backward()
+    finally:
+        torch.set_num_threads(before)
+    ref = copy.deepcopy(model).double()
+    ref.zero_grad()
+    torch.nn.functional.cross_entropy(ref(x.double()), labels).backward()
+    for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-5 * q.grad.abs().max().item(),
+                                   msg=pname)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_narrow_resnets_weight_gradients_equal_float64_autograd(threads):
     """The ResNet-18 at width 1/16 has strided 1×1 shortcuts on 4 channels, whose channels-last backward oneDNN's
@@ -171,18 +187,7 @@ def test_a_narrow_resnets_weight_gradients_equal_float64_autograd(threads):
     assert not narrow.stem.weight.is_contiguous(memory_format=torch.channels_last)
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in wide.parameters() if p.dim() == 4)
     x, labels = torch.randn(6, 3 * 32 * 32, generator=torch.Generator().manual_seed(0)), torch.arange(6) % 10
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        torch.nn.functional.cross_entropy(narrow(x), labels).backward()
-    finally:
-        torch.set_num_threads(before)
-    ref = copy.deepcopy(narrow).double()
-    ref.zero_grad()
-    torch.nn.functional.cross_entropy(ref(x.double()), labels).backward()
-    for (pname, p), q in zip(narrow.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-5 * q.grad.abs().max().item(),
-                                   msg=pname)
+    assert_gradients_equal_float64(narrow, x, labels, threads)
 
 
 def test_a_users_channels_last_model_on_oneDNNs_faulty_kernel_is_moved_to_nchw_and_gets_float64s_gradient():
@@ -196,19 +201,7 @@ def test_a_users_channels_last_model_on_oneDNNs_faulty_kernel_is_moved_to_nchw_a
         model = build_model("bad_models:strided_1x1_channels_last", "relu", 3 * 8 * 8, 10, (3, 8, 8))
     assert all(p.is_contiguous() for p in model.parameters())
     x = torch.randn(16, 3 * 8 * 8, generator=torch.Generator().manual_seed(0))
-    labels = torch.arange(16) % 10
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        torch.nn.functional.cross_entropy(model(x), labels).backward()
-    finally:
-        torch.set_num_threads(before)
-    ref = copy.deepcopy(model).double()
-    ref.zero_grad()
-    torch.nn.functional.cross_entropy(ref(x.double()), labels).backward()
-    for (pname, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-5 * q.grad.abs().max().item(),
-                                   msg=pname)
+    assert_gradients_equal_float64(model, x, torch.arange(16) % 10, threads=2)
 
 
 @pytest.mark.parametrize("arch, message", [
