@@ -50,3 +50,9 @@ def strided_1x1_channels_last():
     right)."""
     return nn.Sequential(nn.Unflatten(1, (3, 8, 8)), nn.Conv2d(3, 3, 3, padding=1), nn.Conv2d(3, 6, 1, stride=2),
                          nn.Flatten(), nn.Linear(6 * 4 * 4, 10)).to(memory_format=torch.channels_last)
+
+
+def strided_1x1_channels_last_gray():
+    """The same on one input channel, whose 3×3 kernel is contiguous in both layouts (only its strides tell)."""
+    return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 8, 1, stride=2),
+                         nn.Flatten(), nn.Linear(8 * 4 * 4, 10)).to(memory_format=torch.channels_last)

@@ -190,7 +190,9 @@ def test_a_narrow_resnets_weight_gradients_equal_float64_autograd(threads):
     assert_gradients_equal_float64(narrow, x, labels, threads)
 
 
-def test_a_users_channels_last_model_on_oneDNNs_faulty_kernel_is_moved_to_nchw_and_gets_float64s_gradient():
+@pytest.mark.parametrize("builder, channels", [("strided_1x1_channels_last", 3), ("strided_1x1_channels_last_gray", 1)])
+def test_a_users_channels_last_model_on_oneDNNs_faulty_kernel_is_moved_to_nchw_and_gets_float64s_gradient(builder,
+                                                                                                       channels):
     """A builder's channels-last model with a strided 1×1 convolution on 3 channels (oneDNN's faulty kernel) is
     moved to NCHW with a warning naming the layer, and its gradients at 2 threads then equal float64 autograd's.
     (At these 8×8 images the faulty kernel happens to be right; at 32×32 it can hang, so the test checks the move.)"""
@@ -198,9 +200,9 @@ def test_a_users_channels_last_model_on_oneDNNs_faulty_kernel_is_moved_to_nchw_a
     from inferlearn.models import build_model
 
     with pytest.warns(InferlearnWarning, match=r"convolution '2' .*oneDNN#6035.*moved to NCHW"):
-        model = build_model("bad_models:strided_1x1_channels_last", "relu", 3 * 8 * 8, 10, (3, 8, 8))
-    assert all(p.is_contiguous() for p in model.parameters())
-    x = torch.randn(16, 3 * 8 * 8, generator=torch.Generator().manual_seed(0))
+        model = build_model(f"bad_models:{builder}", "relu", channels * 64, 10, (channels, 8, 8))
+    assert all(p.stride() == torch.empty(p.shape).stride() for p in model.parameters())   # NCHW strides
+    x = torch.randn(16, channels * 64, generator=torch.Generator().manual_seed(0))
     assert_gradients_equal_float64(model, x, torch.arange(16) % 10, threads=2)
 
 

@@ -66,20 +66,22 @@ def channels_last(model: nn.Module) -> nn.Module:
 
 
 def nchw_where_onednn_fails(model: nn.Module, arch: str) -> nn.Module:
-    """``model`` (a user's builder's) moved to NCHW, with a warning, when it is channels-last (a 4-d parameter in
-    that layout) and has a convolution that :func:`strided_1x1_conv_on_few_channels` names: fed channels-last
-    activations, oneDNN would compute that layer's weight gradient wrongly or crash (uxlfoundation/oneDNN#6035). A
-    1×1 kernel alone is in both layouts at once, so the other kernels say which one the model runs in. Any other
-    model is returned as it is."""
+    """``model`` (a user's builder's) moved to NCHW, with a warning, when it has a convolution that
+    :func:`strided_1x1_conv_on_few_channels` names and a kernel in the channels-last layout: fed channels-last
+    activations, oneDNN would compute that layer's weight gradient wrongly or crash (uxlfoundation/oneDNN#6035).
+    The layout is read from the kernels' strides, which the move changes (``is_contiguous`` cannot tell: a kernel
+    with one input channel or a 1×1 one is contiguous in both layouts). Any other model is returned as it is."""
     name = strided_1x1_conv_on_few_channels(model)
-    if name is None or not any(p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(
-            memory_format=torch.channels_last) for p in model.parameters()):
+    if name is None:
         return model
-    warnings.warn(f"Model builder {arch!r}: the model is channels-last and its convolution {name!r} is 1×1 with "
-                  f"stride > 1 on fewer than {ONEDNN_1X1_IC_BLOCK} input channels, whose weight gradient oneDNN "
-                  "computes wrongly or crashes on in that layout (uxlfoundation/oneDNN#6035); the model is moved to "
-                  "NCHW (return it in NCHW to silence this)", InferlearnWarning, stacklevel=3)
-    return model.to(memory_format=torch.contiguous_format)
+    strides = [p.stride() for p in model.parameters()]
+    model.to(memory_format=torch.contiguous_format)
+    if strides != [p.stride() for p in model.parameters()]:
+        warnings.warn(f"Model builder {arch!r}: the model is channels-last and its convolution {name!r} is 1×1 with "
+                      f"stride > 1 on fewer than {ONEDNN_1X1_IC_BLOCK} input channels, whose weight gradient oneDNN "
+                      "computes wrongly or crashes on in that layout (uxlfoundation/oneDNN#6035); the model is moved "
+                      "to NCHW (return it in NCHW to silence this)", InferlearnWarning, stacklevel=3)
+    return model
 
 
 def build_model(arch: str, units: str | Box, n_features: int, n_classes: int, image_shape: Sequence[int],
